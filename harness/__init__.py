@@ -1,0 +1,1 @@
+"""cudagraph-conformance harness: the pytest plugin, the runtime protocol and independent oracles."""

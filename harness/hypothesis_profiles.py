@@ -1,0 +1,17 @@
+"""Named hypothesis profiles: choose one with --hypothesis-profile (default: ci under CI, else dev)."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = {
+    "dev": dict(max_examples=30),
+    "ci": dict(max_examples=100, print_blob=True),
+    "nightly": dict(max_examples=1000, print_blob=True),
+}
+
+
+def register_profiles() -> None:
+    for name, options in PROFILES.items():
+        settings.register_profile(
+            name, deadline=None, suppress_health_check=[HealthCheck.too_slow], **options
+        )

@@ -1,0 +1,169 @@
+"""The pytest plugin (entry point `pytest11`): options, runtime selection, capability skips,
+known failures, report header and the JSON report."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from . import known_failures as kf
+from . import registry, report
+from .hypothesis_profiles import register_profiles
+from .protocol import Capabilities
+
+RUNTIME_KEY = pytest.StashKey()
+KNOWN_KEY = pytest.StashKey()
+REPORT_KEY = pytest.StashKey()
+PROFILE_KEY = pytest.StashKey()
+
+register_profiles()
+
+
+def pytest_addhooks(pluginmanager):
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("cudagraph-conformance")
+    group.addoption(
+        "--runtime", default=registry.DEFAULT_RUNTIME,
+        help="runtime under test: a registered name, or package.module:factory (default: %(default)s)",
+    )
+    group.addoption(
+        "--known-failures", action="append", default=[], metavar="PATH",
+        help="TOML file of known failures (strict xfail); the runtime's own file is read as well",
+    )
+    group.addoption(
+        "--report-dir", default=None, metavar="DIR",
+        help="write the run's JSON report and Markdown summary into DIR",
+    )
+    group.addoption(
+        "--graph-backend", default=None, choices=("emulated", "cuda"),
+        help="graph backend for execution suites (default: cuda when a GPU is present, else emulated)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
+    try:
+        runtime = registry.resolve(config.getoption("runtime"), config.pluginmanager)
+    except registry.RuntimeLoadError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[RUNTIME_KEY] = runtime
+    entries = []
+    paths = list(config.getoption("known_failures"))
+    own = getattr(runtime, "known_failures", None)
+    if own and str(own) not in paths:
+        paths.insert(0, str(own))
+    try:
+        for path in paths:
+            entries.extend(kf.load(path))
+    except kf.KnownFailuresError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[KNOWN_KEY] = (entries, set())
+    _load_default_hypothesis_profile(config)
+    if not hasattr(config, "workerinput"):  # the xdist controller or a plain run writes the report
+        run_report = report.RunReport(config, runtime)
+        config.stash[REPORT_KEY] = run_report
+        config.pluginmanager.register(run_report, "cudagraph-conformance-report")
+
+
+def _load_default_hypothesis_profile(config):
+    from hypothesis import settings
+
+    chosen = config.getoption("hypothesis_profile", None)
+    if chosen is None:
+        chosen = "ci" if os.environ.get("CI") else "dev"
+        settings.load_profile(chosen)
+    config.stash[PROFILE_KEY] = chosen
+
+
+def get_runtime(config):
+    return config.stash[RUNTIME_KEY]
+
+
+def pytest_report_header(config):
+    runtime = get_runtime(config)
+    seed = config.getoption("hypothesis_seed", None)
+    return [
+        f"runtime: {runtime.name} {runtime.version} ({type(runtime).__module__})",
+        f"capabilities: {runtime.capabilities.summary()}",
+        *([f"runtime notes: {runtime.capabilities.notes}"] if runtime.capabilities.notes else []),
+        f"device: {report.device_description(runtime)}",
+        f"hypothesis: profile {config.stash[PROFILE_KEY]}, seed {seed if seed is not None else 'random'}",
+    ]
+
+
+def pytest_generate_tests(metafunc):
+    # The runtime is a parameter so its name shows in every test id (`test_x[reference]`).
+    if "runtime" in metafunc.fixturenames:
+        runtime = get_runtime(metafunc.config)
+        metafunc.parametrize("runtime", [runtime], ids=[runtime.name], scope="session")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    runtime = get_runtime(config)
+    entries, matched = config.stash[KNOWN_KEY]
+    for item in items:
+        missing = _missing_capabilities(item, runtime.capabilities)
+        if missing:
+            item.add_marker(pytest.mark.skip(
+                reason=f"runtime {runtime.name!r} does not declare capability {', '.join(missing)}"
+            ))
+            continue
+        entry = kf.first_match(entries, item.nodeid)
+        if entry is not None:
+            item.stash[KNOWN_KEY] = entry
+            item.add_marker(pytest.mark.xfail(strict=True, reason=entry.describe()))
+    _record_stale(config, [item.nodeid for item in items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    _record_stale(node.config, list(ids))
+
+
+def _record_stale(config, nodeids):
+    entries, _ = config.stash[KNOWN_KEY]
+    config.stash[KNOWN_KEY] = (entries, {e.source for e in kf.stale(entries, nodeids)})
+
+
+def _missing_capabilities(item, capabilities: Capabilities) -> list[str]:
+    missing = []
+    for marker in item.iter_markers("requires"):
+        for name in marker.args:
+            if name not in Capabilities.names():
+                raise pytest.UsageError(
+                    f"{item.nodeid}: unknown capability {name!r} in @pytest.mark.requires; "
+                    f"known: {', '.join(Capabilities.names())}"
+                )
+            if not capabilities.has(name):
+                missing.append(name)
+    return missing
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    entry = item.stash.get(KNOWN_KEY, None)
+    if entry is not None and rep.when == "call" and rep.failed and "XPASS(strict)" in str(rep.longrepr):
+        rep.longrepr = (
+            f"{rep.longrepr}\nThis test now passes: remove its entry {entry.test!r} from {entry.source}."
+        )
+
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    entries, stale_sources = config.stash.get(KNOWN_KEY, ([], set()))
+    stale = [e for e in entries if e.source in stale_sources]
+    if stale:
+        terminalreporter.section("stale known failures")
+        for entry in stale:
+            terminalreporter.write_line(f"{entry.source}: {entry.test!r} matches no test; remove or fix it")
+    run_report = config.stash.get(REPORT_KEY, None)
+    if run_report is not None and run_report.written:
+        terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in run_report.written)}")

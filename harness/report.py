@@ -1,0 +1,158 @@
+"""The run's report: one JSON file is the source of truth, a Markdown summary is rendered from it.
+
+It is written when the session ends and also every few seconds while tests run, so a run that
+crashes part-way still leaves a report of what ran.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+FLUSH_SECONDS = 5.0
+
+
+def device_description(runtime) -> str:
+    describe = getattr(runtime, "device_description", None)
+    if callable(describe):
+        return describe()
+    if "torch" in sys.modules or runtime.capabilities.execution:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+            return f"cpu (torch {torch.__version__}, no CUDA device)"
+        except ImportError:
+            pass
+    return f"cpu ({platform.machine()}), policy only"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class RunReport:
+    def __init__(self, config, runtime):
+        self.config = config
+        self.runtime = runtime
+        directory = config.getoption("report_dir")
+        self.directory = Path(directory) if directory else None
+        self.results: dict[str, dict] = {}
+        self.started = time.time()
+        self.last_flush = 0.0
+        self.written: list[Path] = []
+        self.finished = False
+
+    # -- pytest hooks (this object is registered as a plugin) -----------------------------
+    def pytest_runtest_logreport(self, report):
+        entry = self.results.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "duration": 0.0})
+        entry["duration"] = round(entry["duration"] + report.duration, 6)
+        outcome = _outcome(report)
+        if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:
+            entry["outcome"] = outcome
+            entry["reason"] = _reason(report)
+        if time.time() - self.last_flush > FLUSH_SECONDS:
+            self.write()
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.finished = True
+        self.exitstatus = int(exitstatus)
+        self.write()
+
+    # -- output -------------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        runtime = self.runtime
+        counts = Counter(r["outcome"] for r in self.results.values())
+        try:
+            import torch
+
+            torch_version = torch.__version__
+        except ImportError:
+            torch_version = None
+        return {
+            "runtime": runtime.name,
+            "version": runtime.version,
+            "capabilities": asdict(runtime.capabilities),
+            "device": device_description(runtime),
+            "torch": torch_version,
+            "python": platform.python_version(),
+            "git_commit": git_commit(),
+            "args": list(self.config.invocation_params.args),
+            "started": self.started,
+            "seconds": round(time.time() - self.started, 3),
+            "complete": self.finished,
+            "summary": dict(counts),
+            "tests": sorted(self.results.values(), key=lambda r: r["nodeid"]),
+        }
+
+    def write(self) -> None:
+        self.last_flush = time.time()
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = self.as_dict()
+        stem = self.directory / f"conformance-{self.runtime.name}"
+        json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+        json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        md_path.write_text(render_markdown(data))
+        self.written = [json_path, md_path]
+
+
+_SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "error": 4, "failed": 5}
+
+
+def _outcome(report) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.passed:
+        return "passed"
+    if report.skipped:
+        return "skipped"
+    return "failed" if report.when == "call" else "error"
+
+
+def _reason(report) -> str:
+    if hasattr(report, "wasxfail"):
+        return report.wasxfail
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return report.longrepr[2]
+    text = str(report.longrepr)
+    return text[-2000:]
+
+
+def render_markdown(data: dict) -> str:
+    """A short human summary: suites x outcomes, then every failure."""
+    by_suite: dict[str, Counter] = defaultdict(Counter)
+    for result in data["tests"]:
+        by_suite[result["nodeid"].split("::")[0]][result["outcome"]] += 1
+    columns = ["passed", "failed", "error", "skipped", "xfailed", "xpassed"]
+    lines = [
+        f"# Conformance report: {data['runtime']} {data['version']}",
+        "",
+        f"- device: {data['device']}",
+        f"- torch: {data['torch']}, python {data['python']}, commit {data['git_commit']}",
+        f"- capabilities: {', '.join(k for k, v in data['capabilities'].items() if v is True) or 'none'}",
+        f"- {'complete' if data['complete'] else 'INCOMPLETE (the run stopped early)'}; {data['seconds']} s; "
+        + ", ".join(f"{n} {k}" for k, n in sorted(data["summary"].items())),
+        "",
+        "| suite | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for suite in sorted(by_suite):
+        lines.append(f"| {suite} | " + " | ".join(str(by_suite[suite][c]) for c in columns) + " |")
+    failures = [r for r in data["tests"] if r["outcome"] in ("failed", "error")]
+    if failures:
+        lines += ["", "## Failures", ""]
+        for result in failures:
+            lines += [f"### {result['nodeid']}", "", "```", result.get("reason", "")[-1500:], "```", ""]
+    return "\n".join(lines) + "\n"

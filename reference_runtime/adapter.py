@@ -1,0 +1,71 @@
+"""The `reference` runtime: this project's engine behind the harness protocol.
+
+Registered through the `cudagraph_conformance.runtimes` entry point, exactly as a third-party
+runtime would be; the suites reach it only through this object.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import lru_cache
+
+from harness import protocol as p
+
+from . import __version__
+from . import policy
+
+
+def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
+    return policy.PolicyConfig(**asdict(config))
+
+
+@lru_cache(maxsize=256)
+def _dispatcher(config: p.PolicyConfig) -> policy.Dispatcher:
+    dispatcher = policy.Dispatcher(to_policy_config(config))
+    dispatcher.initialize_keys()
+    return dispatcher
+
+
+def _descriptor(key: policy.BatchDescriptor) -> p.Descriptor:
+    return p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora, key.num_active_loras)
+
+
+class ReferenceRuntime:
+    name = "reference"
+    version = __version__
+    capabilities = p.Capabilities(
+        capture_sizes=True,
+        vllm_policy=True,
+        dispatch=True,
+        mode_resolution=True,
+        data_parallel=True,
+        lora=True,
+        speculative=True,
+    )
+
+    # -- policy -------------------------------------------------------------------------
+    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
+        return policy.capture_sizes(to_policy_config(config))
+
+    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+        return policy.PaddingTable(self.capture_sizes(config)).padded(num_tokens)
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        mode, key = _dispatcher(config).dispatch(num_tokens, num_reqs, uniform, num_active_loras)
+        return p.Dispatch(mode.name, _descriptor(key))
+
+    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
+        result = policy.resolve_mode(
+            request.mode, request.support,
+            num_speculative_tokens=request.num_speculative_tokens,
+            attention_in_splitting_ops=request.attention_in_splitting_ops,
+            splitting_ops_empty=request.splitting_ops_empty,
+        )
+        return p.Resolution(result.requested.name, result.resolved.name, result.warnings)
+
+    def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
+        batches = [(r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        return [p.Dispatch(mode.name, _descriptor(key)) for mode, key in policy.dp_dispatch(_dispatcher(config), batches)]
+
+    # -- execution (the engine arrives with the reference-runtime issue) ------------------
+    def build(self, config: p.EngineConfig):
+        raise NotImplementedError("the reference engine is not built yet; capability 'execution' is off")
