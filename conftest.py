@@ -1,7 +1,13 @@
-# The plugin normally arrives through its `pytest11` entry point once the project is installed;
-# from a bare checkout it is loaded here instead, so `pytest` works either way.
+# The plugin and the reference runtime normally arrive through entry points once the project is
+# installed (scripts/install.sh); from a bare checkout they are registered here instead.
 from importlib import metadata
 
 pytest_plugins = ["pytester"]
-if not any(ep.value == "harness.plugin" for ep in metadata.entry_points(group="pytest11")):
+_INSTALLED = any(ep.value == "harness.plugin" for ep in metadata.entry_points(group="pytest11"))
+if not _INSTALLED:
     pytest_plugins.append("harness.plugin")
+
+    def pytest_cudagraph_runtimes():
+        from reference_runtime.adapter import ReferenceRuntime
+
+        return {"reference": ReferenceRuntime}

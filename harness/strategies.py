@@ -1,0 +1,26 @@
+"""Hypothesis strategies for policy inputs, shared by the suites."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from .protocol import CONFIG_MODES, PolicyConfig
+
+
+@st.composite
+def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, modes=CONFIG_MODES):
+    """Valid configs across the interesting ranges: small and off-grid max_num_seqs, both platform
+    maxima, a binding max_num_batched_tokens, speculative q, user sizes and a user max."""
+    seqs = draw(st.one_of(st.integers(1, 40), st.integers(41, 1100), st.sampled_from([256, 264, 300, 512, 1024])))
+    tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 600), st.sampled_from([2048, 8192])).filter(
+        lambda t: t is None or t >= seqs))
+    spec = draw(st.integers(0, 4)) if speculative else 0
+    platform = draw(st.sampled_from([512, 1024]))
+    mode = draw(st.sampled_from(modes))
+    sizes = user_max = None
+    choice = draw(st.sampled_from(["default", "default", "user_sizes", "user_max"])) if user_sizes else "default"
+    if choice == "user_sizes":
+        sizes = tuple(draw(st.lists(st.integers(1, 600), min_size=1, max_size=12)))
+    elif choice == "user_max":
+        user_max = draw(st.integers(1, 1100))
+    return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=spec,
+                        platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode)

@@ -1,0 +1,2 @@
+from reference_runtime import cli
+raise SystemExit(cli.main())

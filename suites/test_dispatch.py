@@ -1,0 +1,126 @@
+"""Dispatch (SPEC 4): BatchDescriptor keys and the FULL > PIECEWISE > NONE choice."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness import oracle
+from harness.compare import expect, expect_equal
+from harness.protocol import CONFIG_MODES, RUNTIME_MODES, Descriptor, Dispatch, PolicyConfig
+
+INVARIANT = "dispatch"
+FAP, FDO = "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"
+
+
+def _config(mode, seqs=64, **kw):
+    return PolicyConfig(max_num_seqs=seqs, mode=mode, **kw)
+
+
+# (config, num_tokens, num_reqs, uniform, expected) written from SPEC 4.
+EXAMPLES = [
+    ("fap-uniform-b5", _config(FAP), 5, 5, True, Dispatch("FULL", Descriptor(8, 8, True))),
+    ("fap-mixed-b5", _config(FAP), 5, 2, False, Dispatch("PIECEWISE", Descriptor(8, None, False))),
+    ("full-uniform-uses-mixed-key", _config("FULL"), 5, 5, True, Dispatch("FULL", Descriptor(8, 8, False))),
+    ("full-mixed", _config("FULL"), 100, 3, False, Dispatch("FULL", Descriptor(104, 64, False))),
+    ("fdo-mixed-eager", _config(FDO), 5, 2, False, Dispatch("NONE", Descriptor(5, 2, False))),
+    ("fdo-uniform", _config(FDO), 17, 17, True, Dispatch("FULL", Descriptor(24, 24, True))),
+    ("piecewise-uniform", _config("PIECEWISE"), 17, 17, True, Dispatch("PIECEWISE", Descriptor(24, None, False))),
+    ("none", _config("NONE"), 5, 5, True, Dispatch("NONE", Descriptor(5, 5, True))),
+    ("above-max-eager-unpadded", _config(FAP), 129, 129, False, Dispatch("NONE", Descriptor(129, 129, False))),
+    ("at-max", _config(FAP), 128, 64, False, Dispatch("PIECEWISE", Descriptor(128, None, False))),
+    # max_num_seqs=264 is off the grid and appended: a full 264-request decode pads to 264, not 272.
+    ("offgrid-264", _config(FAP, seqs=264), 264, 264, True, Dispatch("FULL", Descriptor(264, 264, True))),
+    ("offgrid-263", _config(FAP, seqs=264), 263, 263, True, Dispatch("FULL", Descriptor(264, 264, True))),
+    ("offgrid-265", _config(FAP, seqs=264), 265, 265, False, Dispatch("PIECEWISE", Descriptor(272, None, False))),
+    # Uniform keys stop at q * max_num_seqs: 5 requests pad to 8 > 1 * 6, which has no decode key.
+    ("fap-uniform-above-q-seqs", _config(FAP, seqs=6, capture_sizes=(4, 8)), 5, 5, True,
+     Dispatch("PIECEWISE", Descriptor(8, None, False))),
+    ("q2-uniform", _config(FAP, num_speculative_tokens=1), 6, 3, True, Dispatch("FULL", Descriptor(8, 4, True))),
+    ("q3-uniform", _config(FAP, num_speculative_tokens=2), 9, 3, True, Dispatch("FULL", Descriptor(9, 3, True))),
+]
+
+
+@pytest.mark.requires("dispatch", "vllm_policy")
+@pytest.mark.parametrize("config,tokens,reqs,uniform,expected", [e[1:] for e in EXAMPLES], ids=[e[0] for e in EXAMPLES])
+def test_spec_examples(runtime, config, tokens, reqs, uniform, expected):
+    got = runtime.dispatch(config, tokens, reqs, uniform)
+    expect_equal(got, expected, invariant=INVARIANT, runtime=runtime, case=config,
+                 what=f"dispatch of {tokens} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
+
+
+SWEEP = [_config(m, seqs) for m in CONFIG_MODES for seqs in (8, 64, 264)] + [
+    _config(m, 32, num_speculative_tokens=k) for m in CONFIG_MODES for k in (1, 2)
+] + [_config(FAP, 16, capture_sizes=(2, 6, 10, 40))]
+
+
+@pytest.mark.requires("dispatch", "vllm_policy")
+@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c.mode}-seqs{c.max_num_seqs}-q{c.query_len}"
+                         + ("-user" if c.capture_sizes else ""))
+def test_every_batch_matches_the_oracle(runtime, config):
+    """Every token count from 1 to past the max, uniform and mixed, at every bucket boundary."""
+    largest = oracle.capture_sizes(config)[-1]
+    q = config.query_len
+    for tokens in range(1, largest + 3):
+        cases = [(tokens, max(1, tokens // 2), False)]
+        if tokens % q == 0 and tokens // q <= config.max_num_seqs:
+            cases.append((tokens, tokens // q, True))
+        for n, reqs, uniform in cases:
+            expected = oracle.dispatch(config, n, reqs, uniform)
+            got = runtime.dispatch(config, n, reqs, uniform)
+            expect_equal(got, expected, invariant=INVARIANT, runtime=runtime, case=config,
+                         what=f"dispatch of {n} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
+
+
+@pytest.mark.requires("dispatch")
+@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
+def test_runtime_mode_is_valid_for_the_config_mode(runtime, mode, seqs, data):
+    """Only NONE/PIECEWISE/FULL run; a mode never runs a routine its config mode does not have."""
+    config = _config(mode, seqs)
+    tokens = data.draw(st.integers(1, 3 * seqs + 8), label="num_tokens")
+    uniform = data.draw(st.booleans(), label="uniform") and tokens <= seqs
+    reqs = tokens if uniform else data.draw(st.integers(1, tokens), label="num_reqs")
+    got = runtime.dispatch(config, tokens, reqs, uniform)
+    allowed = {"NONE": {"NONE"}, "PIECEWISE": {"NONE", "PIECEWISE"}, "FULL": {"NONE", "FULL"},
+               FDO: {"NONE", "FULL"}, FAP: {"NONE", "PIECEWISE", "FULL"}}[mode]
+    expect(got.runtime_mode in RUNTIME_MODES and got.runtime_mode in allowed, invariant=INVARIANT,
+           runtime=runtime, case=config, what=f"runtime mode must be one of {sorted(allowed)}", got=got)
+    if got.runtime_mode == "NONE":
+        expect(got.descriptor.num_tokens == tokens, invariant=INVARIANT, runtime=runtime, case=config,
+               what="an eager step is not padded", got=got)
+    else:
+        expect(got.descriptor.num_tokens >= tokens, invariant=INVARIANT, runtime=runtime, case=config,
+               what="a graph step is padded up, never down", got=got)
+    if got.runtime_mode == "PIECEWISE":
+        expect(got.descriptor.num_reqs is None and not got.descriptor.uniform, invariant=INVARIANT,
+               runtime=runtime, case=config, what="PIECEWISE keys are relaxed (num_reqs None, not uniform)", got=got)
+    if mode == FDO and not uniform:
+        expect(got.runtime_mode == "NONE", invariant=INVARIANT, runtime=runtime, case=config,
+               what="FULL_DECODE_ONLY runs mixed batches eager", got=got)
+
+
+# LoRA (SPEC 4): counts are powers of two up to max_loras plus max_loras + 1.
+LORA = [
+    ("spec-3-of-4", dict(max_loras=4, specialize_active_loras=True), 3, 4),
+    ("spec-1-of-4", dict(max_loras=4, specialize_active_loras=True), 1, 1),
+    ("spec-4-of-4", dict(max_loras=4, specialize_active_loras=True), 4, 4),
+    ("spec-5-of-6", dict(max_loras=6, specialize_active_loras=True), 5, 7),
+    ("unspec-2-of-4", dict(max_loras=4, specialize_active_loras=False), 2, 5),
+    ("no-lora-specialisation", dict(max_loras=4, specialize_lora=False), 1, 5),
+]
+
+
+@pytest.mark.requires("dispatch", "lora", "vllm_policy")
+@pytest.mark.parametrize("options,active,captured", [c[1:] for c in LORA], ids=[c[0] for c in LORA])
+def test_lora_counts_round_up_to_a_captured_case(runtime, options, active, captured):
+    config = _config(FAP, **options)
+    got = runtime.dispatch(config, 5, 5, True, num_active_loras=active)
+    expect_equal(got, Dispatch("FULL", Descriptor(8, 8, True, True, captured)), invariant=INVARIANT,
+                 runtime=runtime, case=config, what=f"dispatch of a decode batch with {active} active adapters")
+
+
+@pytest.mark.requires("dispatch", "lora", "vllm_policy")
+def test_without_specialisation_a_batch_without_lora_has_no_graph(runtime):
+    """Only max_loras + 1 is captured, so a batch with no adapter finds no key and runs eager."""
+    config = _config(FAP, max_loras=2, specialize_lora=False)
+    got = runtime.dispatch(config, 5, 5, True, num_active_loras=0)
+    expect_equal(got.runtime_mode, "NONE", invariant=INVARIANT, runtime=runtime, case=config,
+                 what="dispatch of a no-LoRA batch when only LoRA graphs exist")
