@@ -9,12 +9,18 @@ from dataclasses import fields, is_dataclass
 import pytest
 
 
+# What `--runtime` said, set by the plugin: the reproduction must select the same runtime,
+# which may be `package.module:factory` rather than the runtime's display name.
+RUNTIME_OPTION: str | None = None
+
+
 def reproduce_command(runtime=None) -> str:
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     nodeid = current.rsplit(" (", 1)[0] if current else "<test id>"
     command = f"pytest {shlex.quote(nodeid)}"
-    if runtime is not None:
-        command += f" --runtime {shlex.quote(getattr(runtime, 'name', str(runtime)))}"
+    selected = RUNTIME_OPTION or (getattr(runtime, "name", None) if runtime is not None else None)
+    if selected:
+        command += f" --runtime {shlex.quote(selected)}"
     return command
 
 

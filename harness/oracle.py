@@ -35,6 +35,8 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
     tokens = batched_tokens(config)
     if tokens < config.max_num_seqs:
         raise ValueError("max_num_batched_tokens below max_num_seqs")
+    if config.mode == "NONE":
+        return []  # nothing is captured
     if config.capture_sizes is not None:
         chosen = {s for s in config.capture_sizes if s <= tokens}
         if not chosen:

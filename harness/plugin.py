@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from . import compare
 from . import known_failures as kf
 from . import registry, report
 from .hypothesis_profiles import register_profiles
@@ -15,6 +16,7 @@ RUNTIME_KEY = pytest.StashKey()
 KNOWN_KEY = pytest.StashKey()
 REPORT_KEY = pytest.StashKey()
 PROFILE_KEY = pytest.StashKey()
+UNKNOWN_CAPABILITY_KEY = pytest.StashKey()
 
 register_profiles()
 
@@ -52,6 +54,7 @@ def pytest_configure(config):
     except registry.RuntimeLoadError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[RUNTIME_KEY] = runtime
+    compare.RUNTIME_OPTION = config.getoption("runtime")
     entries = []
     paths = list(config.getoption("known_failures"))
     own = getattr(runtime, "known_failures", None)
@@ -108,7 +111,15 @@ def pytest_collection_modifyitems(config, items):
     runtime = get_runtime(config)
     entries, matched = config.stash[KNOWN_KEY]
     for item in items:
-        missing = _missing_capabilities(item, runtime.capabilities)
+        try:
+            missing = _missing_capabilities(item, runtime.capabilities)
+        except pytest.UsageError as exc:
+            if not hasattr(config, "workerinput"):
+                raise
+            # xdist turns a worker's usage error into an INTERNALERROR that drops the message:
+            # there the test errors at setup with it instead.
+            item.stash[UNKNOWN_CAPABILITY_KEY] = str(exc)
+            continue
         if missing:
             item.add_marker(pytest.mark.skip(
                 reason=f"runtime {runtime.name!r} does not declare capability {', '.join(missing)}"
@@ -121,14 +132,30 @@ def pytest_collection_modifyitems(config, items):
     _record_stale(config, [item.nodeid for item in items])
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    _record_stale(node.config, list(ids))
-
-
 def _record_stale(config, nodeids):
     entries, _ = config.stash[KNOWN_KEY]
-    config.stash[KNOWN_KEY] = (entries, {e.source for e in kf.stale(entries, nodeids)})
+    # A run given single node ids (`file.py::test`) leaves the rest of the file out: it cannot
+    # tell a stale entry from an unselected test, so it reports none.
+    selects_nodes = any("::" in arg for arg in config.args)
+    stale = set() if selects_nodes else {e.source for e in kf.stale(entries, nodeids)}
+    config.stash[KNOWN_KEY] = (entries, stale)
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary
+        config.workeroutput["cudagraph_stale_known_failures"] = sorted(stale)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    # The controller collects nothing; a worker saw the whole collection, before -k deselected.
+    stale = getattr(node, "workeroutput", {}).get("cudagraph_stale_known_failures")
+    if stale is not None:
+        entries, _ = node.config.stash[KNOWN_KEY]
+        node.config.stash[KNOWN_KEY] = (entries, set(stale))
+
+
+def pytest_runtest_setup(item):
+    message = item.stash.get(UNKNOWN_CAPABILITY_KEY, None)
+    if message is not None:
+        pytest.fail(message, pytrace=False)
 
 
 def _missing_capabilities(item, capabilities: Capabilities) -> list[str]:

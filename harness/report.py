@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 
 FLUSH_SECONDS = 5.0
@@ -38,6 +39,16 @@ def git_commit() -> str | None:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _torch_version() -> str | None:
+    # Read from the installed metadata: importing torch costs seconds on a policy-only run.
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
         return None
 
 
@@ -73,12 +84,7 @@ class RunReport:
     def as_dict(self) -> dict:
         runtime = self.runtime
         counts = Counter(r["outcome"] for r in self.results.values())
-        try:
-            import torch
-
-            torch_version = torch.__version__
-        except ImportError:
-            torch_version = None
+        torch_version = _torch_version()
         return {
             "runtime": runtime.name,
             "version": runtime.version,

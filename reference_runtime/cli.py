@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="tokens in the batch; with a range and --uniform only multiples of q are rows")
     dispatch.add_argument("--num-reqs", type=positive, metavar="R",
                           help="requests in the batch (single --num-tokens only). Default: num_tokens / q "
-                               "with --uniform, else num_tokens (one token per request)")
+                               "with --uniform, else min(num_tokens, max_num_seqs)")
     dispatch.add_argument("--uniform", action="store_true", help="uniform decode: every request has q tokens")
     dispatch.add_argument("--num-active-loras", type=non_negative, default=0, metavar="N",
                           help="active adapters in the batch (needs --max-loras >= N)")
@@ -149,7 +149,9 @@ def _config(args) -> PolicyConfig:
 
 
 def _header(config: PolicyConfig, sizes: list[int]) -> str:
-    if config.capture_sizes is not None:
+    if config.mode is CUDAGraphMode.NONE:
+        source = "mode NONE captures nothing"
+    elif config.capture_sizes is not None:
         source = "user sizes"
     elif config.max_capture_size is not None:
         source = f"user max {config.max_capture_size}"
@@ -163,8 +165,9 @@ def _header(config: PolicyConfig, sizes: list[int]) -> str:
 def cmd_sizes(args, config):
     sizes = capture_sizes(config)
     body = textwrap.fill(", ".join(map(str, sizes)), width=78, initial_indent="  ", subsequent_indent="  ")
-    text = f"{_header(config, sizes)} (max {sizes[-1]})\n{body}"
-    return {"sizes": sizes, "count": len(sizes), "max_capture_size": sizes[-1]}, text
+    largest = max(sizes, default=0)
+    text = f"{_header(config, sizes)} (max {largest})\n{body}".rstrip()
+    return {"sizes": sizes, "count": len(sizes), "max_capture_size": largest}, text
 
 
 def cmd_pad(args, config):
@@ -177,7 +180,8 @@ def cmd_pad(args, config):
                "waste_pct": round(p.waste_pct, 2), "runs": p.runs}
         rows.append(row)
         if p.padded is None:
-            lines.append(f"batch {batch} -> eager (above the max capture size {table.max_size}), no padding")
+            why = "no graphs" if not sizes else f"above the max capture size {table.max_size}"
+            lines.append(f"batch {batch} -> eager ({why}), no padding")
         else:
             lines.append(f"batch {batch} -> {p.padded}, waste {p.waste_tokens} tokens ({row['waste_pct']:.2f}%)")
     return _rows_out(args.batch, rows, lines, _header(config, sizes))
@@ -205,7 +209,8 @@ def cmd_dispatch(args, config):
     dispatcher.initialize_keys()
     rows, lines = [], []
     for tokens in values:
-        reqs = args.num_reqs if args.num_reqs is not None else (tokens // q if args.uniform else tokens)
+        reqs = args.num_reqs if args.num_reqs is not None else (
+            tokens // q if args.uniform else min(tokens, config.max_num_seqs))
         mode, key = dispatcher.dispatch(tokens, reqs, args.uniform, args.num_active_loras)
         rows.append({"runtime_mode": mode.name, "descriptor": asdict(key)})
         batch = f"{tokens} tokens, {reqs} reqs, {'uniform' if args.uniform else 'mixed'}"

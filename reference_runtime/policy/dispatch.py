@@ -129,8 +129,11 @@ class Dispatcher:
     def _check_batch(self, num_tokens: int, num_reqs: int | None, uniform: bool) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if num_reqs is not None and not 1 <= num_reqs <= num_tokens:
-            raise ValueError(f"num_reqs must be in 1..num_tokens ({num_tokens}), got {num_reqs}")
+        if num_reqs is not None and not 1 <= num_reqs <= min(num_tokens, self.config.max_num_seqs):
+            raise ValueError(
+                f"num_reqs must be in 1..min(num_tokens, max_num_seqs) = "
+                f"1..{min(num_tokens, self.config.max_num_seqs)}, got {num_reqs}"
+            )
         if uniform and num_reqs is not None and num_tokens != num_reqs * self.config.query_len:
             raise ValueError(
                 f"a uniform decode batch has num_tokens = q * num_reqs = {self.config.query_len} * {num_reqs}, "

@@ -37,8 +37,10 @@ def effective_active_loras(config: PolicyConfig, num_active_loras: int) -> int:
     """Round a batch's active adapter count up to a captured case."""
     if num_active_loras < 0:
         raise ValueError(f"num_active_loras must be >= 0, got {num_active_loras}")
-    if num_active_loras == 0 or not config.lora_enabled:
-        return num_active_loras
+    if num_active_loras == 0:
+        return 0
+    if not config.lora_enabled:
+        raise ValueError(f"num_active_loras ({num_active_loras}) must be 0 when LoRA is off (max_loras=0)")
     if num_active_loras > config.max_loras:
         raise ValueError(f"num_active_loras ({num_active_loras}) must be <= max_loras ({config.max_loras})")
     if not config.specialize_lora or not config.specialize_active_loras:

@@ -27,10 +27,8 @@ class PaddingTable:
     """Precomputed n -> padded size for every n up to the max, as vLLM's dispatcher does."""
 
     def __init__(self, sizes: list[int]):
-        if not sizes:
-            raise ValueError("a padding table needs at least one capture size")
         self.sizes = sorted(set(sizes))
-        self.max_size = self.sizes[-1]
+        self.max_size = self.sizes[-1] if self.sizes else 0  # no sizes: every batch runs eager
         self._padded = [0] * (self.max_size + 1)
         for n in range(1, self.max_size + 1):
             self._padded[n] = self.sizes[bisect.bisect_left(self.sizes, n)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .config import PolicyConfig
+from .modes import CUDAGraphMode
 
 
 def grid(cap: int) -> list[int]:
@@ -20,20 +21,26 @@ def default_cap(config: PolicyConfig) -> int:
 
 
 def capture_sizes(config: PolicyConfig) -> list[int]:
-    """The sorted, unique token counts that get a graph; the last one is the max capture size."""
+    """The sorted, unique token counts that get a graph; the last one is the max capture size.
+
+    Mode NONE captures nothing, so it has no sizes (vLLM leaves the list empty too).
+    """
+    if config.mode is CUDAGraphMode.NONE:
+        return []
     if config.capture_sizes is not None:
         sizes = _user_sizes(config)
     elif config.max_capture_size is not None:
         sizes = _sizes_below_user_max(config)
     else:
         sizes = _default_sizes(config)
-    if config.mode.decode_mode().name == "FULL" and config.query_len > 1:
+    if config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
         sizes = _round_to_query_len(sizes, config.query_len)
     return sizes
 
 
 def max_capture_size(config: PolicyConfig) -> int:
-    return capture_sizes(config)[-1]
+    """The largest size; 0 when nothing is captured."""
+    return max(capture_sizes(config), default=0)
 
 
 def _default_sizes(config: PolicyConfig) -> list[int]:

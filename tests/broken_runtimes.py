@@ -1,0 +1,132 @@
+"""Deliberately broken runtimes: each is the reference with one bug that a real engine shipped
+or could ship. The self-tests check that the suites catch every one of them.
+
+Each mutant changes one behaviour through the public protocol only, as a buggy third-party
+runtime would.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+
+from harness import protocol as p
+from reference_runtime.adapter import ReferenceRuntime
+
+
+def _on_grid(size: int) -> bool:
+    return size in (1, 2, 4) or (size <= 248 and size % 8 == 0) or (size >= 256 and size % 16 == 0)
+
+
+class PaddingOffByOne(ReferenceRuntime):
+    """A batch that exactly fills a size is padded to the next one (bisect_right)."""
+
+    name = "padding-off-by-one"
+
+    def padded_size(self, config, num_tokens):
+        sizes = list(self.capture_sizes(config))
+        index = bisect.bisect_right(sizes, num_tokens)
+        return sizes[index] if index < len(sizes) else None
+
+
+class PaddingRoundsDown(ReferenceRuntime):
+    """Pads to the largest size <= n: the graph is smaller than the batch."""
+
+    name = "padding-rounds-down"
+
+    def padded_size(self, config, num_tokens):
+        sizes = list(self.capture_sizes(config))
+        if num_tokens > sizes[-1]:
+            return None
+        return sizes[max(0, bisect.bisect_right(sizes, num_tokens) - 1)]
+
+
+class ClampsAboveMax(ReferenceRuntime):
+    """Above the max size the batch is truncated to the largest graph instead of running eager."""
+
+    name = "clamps-above-max"
+
+    def padded_size(self, config, num_tokens):
+        return super().padded_size(config, num_tokens) or list(self.capture_sizes(config))[-1]
+
+
+class MissingOffGridAppend(ReferenceRuntime):
+    """Forgets to append an off-grid max_num_seqs (264 pads to 272)."""
+
+    name = "missing-off-grid-append"
+
+    def capture_sizes(self, config):
+        sizes = list(super().capture_sizes(config))
+        if config.capture_sizes is None and not _on_grid(config.max_num_seqs) and config.max_num_seqs in sizes:
+            sizes.remove(config.max_num_seqs)
+        return sizes
+
+
+class NoSpeculativeRounding(ReferenceRuntime):
+    """Does not round sizes to multiples of q for FULL decode graphs."""
+
+    name = "no-speculative-rounding"
+
+    def capture_sizes(self, config):
+        return super().capture_sizes(replace(config, mode="PIECEWISE"))
+
+
+class SilentDowngrade(ReferenceRuntime):
+    """Downgrades the mode as the table says but tells nobody."""
+
+    name = "silent-downgrade"
+
+    def resolve_mode(self, request):
+        return replace(super().resolve_mode(request), warnings=())
+
+
+class FullWithNeverBackend(ReferenceRuntime):
+    """Keeps FULL even when attention cannot be captured (graphs would hold a broken attention)."""
+
+    name = "full-with-never-backend"
+
+    def resolve_mode(self, request):
+        if request.support == "NEVER" and request.mode == "FULL":
+            return p.Resolution(request.mode, "FULL", ())
+        return super().resolve_mode(request)
+
+
+class PiecewiseBeforeFull(ReferenceRuntime):
+    """Checks the PIECEWISE keys before the FULL keys."""
+
+    name = "piecewise-before-full"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+        if result.runtime_mode == "FULL" and config.mode == "FULL_AND_PIECEWISE":
+            key = result.descriptor
+            return p.Dispatch("PIECEWISE", replace(key, num_reqs=None, uniform=False))
+        return result
+
+
+class LoraCountNotRounded(ReferenceRuntime):
+    """Looks up the raw active-adapter count, which has no graph unless it is captured."""
+
+    name = "lora-count-not-rounded"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+        if num_active_loras and result.descriptor.num_active_loras != num_active_loras:
+            return p.Dispatch("NONE", p.Descriptor(num_tokens, num_reqs, uniform, True, num_active_loras))
+        return result
+
+
+class DataParallelMovesUp(ReferenceRuntime):
+    """After padding to the largest rank, re-dispatches with every mode allowed."""
+
+    name = "data-parallel-moves-up"
+
+    def dp_dispatch(self, config, ranks):
+        agreed = super().dp_dispatch(config, ranks)
+        size = max(d.descriptor.num_tokens for d in agreed)
+        return [self.dispatch(config, size, None, r.uniform) for r in ranks]
+
+
+MUTANTS = [
+    PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
+    SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
+]

@@ -1,0 +1,21 @@
+"""Collects the catch table (mutant -> suites that caught it) and prints it after the run."""
+import re
+
+CATCH_TABLE = {}
+
+
+def pytest_runtest_logreport(report):
+    for key, value in getattr(report, "user_properties", ()):
+        if key == "caught_by" and report.when == "call":
+            mutant = re.search(r"\[(.*)\]$", report.nodeid).group(1)
+            CATCH_TABLE[mutant] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not CATCH_TABLE:
+        return
+    terminalreporter.section("catch table: broken runtime -> suites that caught it")
+    width = max(len(name) for name in CATCH_TABLE)
+    for mutant in sorted(CATCH_TABLE):
+        caught = ", ".join(CATCH_TABLE[mutant]) or "NOT CAUGHT"
+        terminalreporter.write_line(f"{mutant:<{width}}  {caught}")
