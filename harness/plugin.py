@@ -109,7 +109,7 @@ def pytest_generate_tests(metafunc):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     runtime = get_runtime(config)
-    entries, matched = config.stash[KNOWN_KEY]
+    entries, _ = config.stash[KNOWN_KEY]
     for item in items:
         try:
             missing = _missing_capabilities(item, runtime.capabilities)

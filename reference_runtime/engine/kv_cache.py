@@ -1,0 +1,68 @@
+"""Paged KV cache: fixed-size blocks, a block table per request, a slot per token.
+
+Slot s lives in block s // block_size at offset s % block_size. Padded token rows carry slot
+-1 and must write nothing: -1 is redirected to a scratch slot that lies outside every block
+(Python-style indexing would wrap -1 onto the last real slot and overwrite it, a bug real
+engines shipped). Block 0 is the null block: padded rows read it and it is never allocated.
+"""
+from __future__ import annotations
+
+import torch
+
+NULL_BLOCK = 0
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_slots = num_blocks * block_size
+        self.scratch_slot = self.num_slots
+        # [layer, k/v, slot, kv_heads, head_dim]; the last slot is the scratch slot.
+        self.data = torch.zeros(num_layers, 2, self.num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 0]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 1]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        slots = torch.where(slot_mapping >= 0, slot_mapping, self.scratch_slot)
+        self.data[layer, 0].index_copy_(0, slots, k)
+        self.data[layer, 1].index_copy_(0, slots, v)
+
+    def real_blocks(self) -> torch.Tensor:
+        """Every slot of every real block (the scratch slot excluded), for snapshots in tests."""
+        return self.data[:, :, : self.num_slots]
+
+
+class BlockAllocator:
+    """Hands out blocks to requests; block 0 is reserved as the null block."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.free = list(range(num_blocks - 1, NULL_BLOCK, -1))
+        self.tables: dict[int, list[int]] = {}
+
+    def ensure(self, request_id: int, num_tokens: int) -> list[int]:
+        """Grow a request's block table to hold num_tokens tokens."""
+        table = self.tables.setdefault(request_id, [])
+        needed = -(-num_tokens // self.block_size) - len(table)
+        if needed > len(self.free):
+            raise RuntimeError(
+                f"KV cache is full: request {request_id} needs {needed} more blocks, {len(self.free)} are free; "
+                "raise num_blocks or lower max_num_seqs"
+            )
+        for _ in range(max(0, needed)):
+            table.append(self.free.pop())
+        return table
+
+    def slot(self, request_id: int, position: int) -> int:
+        table = self.tables[request_id]
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def release(self, request_id: int) -> None:
+        self.free.extend(reversed(self.tables.pop(request_id, [])))

@@ -1,0 +1,377 @@
+"""Self-tests of the pytest plugin: each test writes a tiny project into pytester's temp dir
+and runs a real pytest session on it.
+
+In-process runs (`runpytest`) are used where nothing depends on a fresh interpreter, for
+speed; subprocess runs (`runpytest_subprocess`) where something does: entry points found on
+PYTHONPATH, xdist workers, imports that must not leak into this process.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from hypothesis import settings
+
+USAGE_ERROR = pytest.ExitCode.USAGE_ERROR
+
+
+def runtime_source(name: str = "myname", capabilities: str = "capture_sizes=True", body: str = "") -> str:
+    """A module defining a minimal third-party runtime `Runtime` and its `factory`."""
+    return textwrap.dedent(
+        """\
+        from pathlib import Path
+
+        from harness.protocol import Capabilities
+
+
+        class Runtime:
+            name, version = {name!r}, "1.2"
+            capabilities = Capabilities({capabilities})
+        {body}
+
+        def factory():
+            return Runtime()
+        """
+    ).format(name=name, capabilities=capabilities, body=textwrap.indent(textwrap.dedent(body), "    "))
+
+
+def use_hook_runtime(pytester, name: str = "myname", **kwargs) -> None:
+    """Register a runtime through a conftest.py implementing `pytest_cudagraph_runtimes`."""
+    pytester.makeconftest(
+        runtime_source(name, **kwargs)
+        + f"\n\ndef pytest_cudagraph_runtimes():\n    return {{{name!r}: factory}}\n"
+    )
+
+
+def install_entry_points(pytester, monkeypatch, **entry_points: str) -> None:
+    """Make the temp dir look like an installed distribution offering `entry_points`."""
+    dist = pytester.mkdir("thirdparty_runtimes-0.1.dist-info")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-runtimes\nVersion: 0.1\n")
+    lines = [f"{name} = {value}" for name, value in entry_points.items()]
+    (dist / "entry_points.txt").write_text("[cudagraph_conformance.runtimes]\n" + "\n".join(lines) + "\n")
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+
+
+def write_known_failures(pytester, *entries: dict, filename: str = "known_failures.toml"):
+    # json.dumps of a str or bool is valid TOML too.
+    text = "".join(
+        "[[failure]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in entry.items())
+        for entry in entries
+    )
+    path = pytester.path / filename
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def keep_hypothesis_profile():
+    """In-process runs load a hypothesis profile into the global settings; put the outer one back."""
+    current = getattr(settings, "get_current_profile_name", None)  # absent from older hypothesis
+    name = current() if current else None
+    yield
+    if name is not None:
+        settings.load_profile(name)
+
+
+# -- runtime selection ------------------------------------------------------------------------
+
+
+def test_unknown_runtime_is_a_usage_error_listing_available(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--runtime", "nosuch")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*unknown runtime 'nosuch'. Available runtimes:",
+        "*reference*entry point reference_runtime.adapter:ReferenceRuntime*",
+        "or --runtime package.module:factory",
+    ])
+
+
+def test_hook_runtime_is_selected_by_name_and_shown(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile("def test_x(runtime):\n    assert runtime.name == 'myname'\n")
+    result = pytester.runpytest("--runtime", "myname", "-v")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "runtime: myname 1.2 (conftest)",
+        "capabilities: capture_sizes",
+        "*test_x[[]myname[]] PASSED*",
+    ])
+
+
+def test_entry_point_runtime_is_listed_and_selectable(pytester, monkeypatch):
+    pytester.makepyfile(thirdparty_rt=runtime_source("thirdparty"))
+    install_entry_points(pytester, monkeypatch, thirdparty="thirdparty_rt:factory")
+    pytester.makepyfile("def test_x(runtime):\n    assert runtime.name == 'thirdparty'\n")
+
+    listed = pytester.runpytest_subprocess("--runtime", "nosuch")
+    assert listed.ret == USAGE_ERROR
+    listed.stderr.fnmatch_lines(["*thirdparty*entry point thirdparty_rt:factory*"])
+
+    selected = pytester.runpytest_subprocess("--runtime", "thirdparty", "-v")
+    assert selected.ret == 0
+    selected.stdout.fnmatch_lines(["runtime: thirdparty 1.2 (thirdparty_rt)", "*test_x[[]thirdparty[]] PASSED*"])
+
+
+def test_entry_point_runtime_that_fails_to_import_is_reported(pytester, monkeypatch):
+    pytester.makepyfile(broken_rt="raise ImportError('libengine.so: cannot open shared object file')")
+    install_entry_points(pytester, monkeypatch, broken="broken_rt:factory")
+    pytester.makepyfile("def test_x(): pass")
+
+    listed = pytester.runpytest_subprocess("--runtime", "nosuch")
+    assert listed.ret == USAGE_ERROR
+    listed.stderr.fnmatch_lines(["*broken*failed to import: ImportError: libengine.so*", "*reference*"])
+
+    selected = pytester.runpytest_subprocess("--runtime", "broken")
+    assert selected.ret == USAGE_ERROR
+    selected.stderr.fnmatch_lines(["*runtime 'broken' (entry point broken_rt:factory) failed to import: ImportError: libengine.so*"])
+
+
+def test_module_colon_factory_runtime(pytester):
+    pytester.makepyfile(my_rt=runtime_source("fromspec"))
+    pytester.syspathinsert()
+    pytester.makepyfile("def test_x(runtime):\n    assert runtime.name == 'fromspec'\n")
+    result = pytester.runpytest("--runtime", "my_rt:factory", "-v")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["runtime: fromspec 1.2 (my_rt)", "*test_x[[]fromspec[]] PASSED*"])
+
+
+def test_module_colon_factory_that_fails_to_import_is_a_usage_error(pytester):
+    pytester.makepyfile(bad_rt="raise ImportError('no CUDA driver')")
+    pytester.syspathinsert()
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--runtime", "bad_rt:factory")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines(["*module 'bad_rt' failed to import: ImportError: no CUDA driver*"])
+
+
+# -- capabilities -----------------------------------------------------------------------------
+
+
+def test_missing_capability_skips_naming_runtime_and_capability(pytester):
+    use_hook_runtime(pytester, capabilities="capture_sizes=True")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires("capture_sizes")
+        def test_declared(runtime):
+            pass
+
+        @pytest.mark.requires("execution")
+        def test_needs_execution(runtime):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("--runtime", "myname", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*runtime 'myname' does not declare capability execution"])
+
+
+def test_unknown_capability_is_a_usage_error(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires("teleport")
+        def test_x(runtime):
+            pass
+        """
+    )
+    result = pytester.runpytest("--runtime", "myname")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_x*unknown capability 'teleport'*known: capture_sizes*"])
+
+
+# -- known failures ---------------------------------------------------------------------------
+
+KNOWN_FAILURE_TESTS = """
+def test_broken(runtime):
+    raise AssertionError("padded row wrote slot 0")
+
+def test_fixed(runtime):
+    pass
+"""
+
+
+def test_known_failure_becomes_strict_xfail(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(pytester, {
+        "test": "test_kf.py::test_broken*", "category": "notyet", "reason": "slot 0 is written; engine#123",
+    })
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path), "-rx")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["XFAIL*test_broken*known failure [[]notyet[]] slot 0 is written; engine#123*"])
+
+
+def test_known_failure_that_passes_fails_as_strict_xpass(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(pytester, {
+        "test": "test_kf.py::test_fixed[myname]", "category": "notimpl", "reason": "no LoRA yet",
+    })
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "*XPASS(strict)*no LoRA yet*",
+        "*This test now passes: remove its entry 'test_kf.py::test_fixed[[]myname[]]' from *known_failures.toml*",
+    ])
+
+
+def test_entry_matching_no_collected_test_is_reported_stale(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(
+        pytester,
+        {"test": "test_kf.py::test_broken*", "category": "notyet", "reason": "wrong"},
+        {"test": "test_kf.py::test_renamed*", "category": "never", "reason": "gone"},
+        {"test": "test_elsewhere.py::test_y", "category": "never", "reason": "file not collected"},
+    )
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*stale known failures*", "*failure #2: 'test_kf.py::test_renamed*' matches no test*"])
+    result.stdout.no_fnmatch_line("*test_elsewhere*matches no test*")
+
+
+def test_run_of_selected_node_ids_reports_no_stale_entries(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(pytester, {"test": "test_kf.py::test_broken*", "category": "notyet", "reason": "r"})
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path), "test_kf.py::test_fixed")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*stale known failures*")
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"test": "test_kf.py::*", "category": "wontfix", "reason": "r"}, "*failure #1 has category 'wontfix'*"),
+        ({"test": "test_kf.py::*", "category": "never"}, "*failure #1 is missing ['reason']*"),
+    ],
+    ids=["bad-category", "missing-reason"],
+)
+def test_invalid_known_failure_entry_is_a_usage_error(pytester, entry, message):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(pytester, entry)
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines([message.replace("[", "[[]")])
+
+
+def test_runtime_owned_known_failures_are_loaded_without_the_option(pytester):
+    body = 'known_failures = Path(__file__).with_name("engine_known_failures.toml")'
+    use_hook_runtime(pytester, body=body)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    write_known_failures(
+        pytester, {"test": "test_kf.py::test_broken*", "category": "never", "reason": "by design"},
+        filename="engine_known_failures.toml",
+    )
+    result = pytester.runpytest("--runtime", "myname", "-rx")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["XFAIL*test_broken*known failure [[]never[]] by design*"])
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def test_report_dir_gets_json_and_markdown(pytester, monkeypatch):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_ok(runtime):
+            pass
+
+        def test_raises(runtime):
+            raise RuntimeError("engine exploded")
+
+        def test_skipped(runtime):
+            pytest.skip("no GPU here")
+
+        @pytest.mark.xfail(reason="known bad", strict=True)
+        def test_expected_failure(runtime):
+            raise AssertionError
+        """
+    )
+    # A subprocess: whatever the report imports (torch, for the device line) must not be imported
+    # here and then dropped again by an in-process run's sys.modules snapshot.
+    result = pytester.runpytest_subprocess("--runtime", "myname", "--report-dir", "out")
+    result.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines(["conformance report: *conformance-myname.json, *conformance-myname.md"])
+
+    data = json.loads((pytester.path / "out" / "conformance-myname.json").read_text())
+    assert (data["runtime"], data["version"], data["complete"]) == ("myname", "1.2", True)
+    assert data["capabilities"]["capture_sizes"] is True and data["device"]
+    assert data["summary"] == {"passed": 1, "failed": 1, "skipped": 1, "xfailed": 1}
+    tests = {t["nodeid"].split("::")[1]: t for t in data["tests"]}
+    assert {name: t["outcome"] for name, t in tests.items()} == {
+        "test_ok[myname]": "passed", "test_raises[myname]": "failed",
+        "test_skipped[myname]": "skipped", "test_expected_failure[myname]": "xfailed",
+    }
+    assert "RuntimeError: engine exploded" in tests["test_raises[myname]"]["reason"]
+    assert "no GPU here" in tests["test_skipped[myname]"]["reason"]
+    markdown = (pytester.path / "out" / "conformance-myname.md").read_text()
+    assert markdown.startswith("# Conformance report: myname 1.2")
+    assert "### test_report_dir_gets_json_and_markdown.py::test_raises[myname]" in markdown
+
+
+# -- hypothesis profile -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, profile", [([], "dev"), (["--hypothesis-profile", "ci"], "ci")], ids=["default", "ci"])
+def test_hypothesis_profile_in_header(pytester, monkeypatch, args, profile):
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"hypothesis: profile {profile}, seed random"])
+
+
+# -- xdist ------------------------------------------------------------------------------------
+
+
+def test_xdist_workers_resolve_the_runtime_and_one_report_is_written(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("b", range(6))
+        def test_x(runtime, b):
+            assert runtime.name == "myname"
+        """
+    )
+    result = pytester.runpytest_subprocess("--runtime", "myname", "-n", "2", "--report-dir", "out")
+    result.assert_outcomes(passed=6)
+    assert sum("conformance report:" in line for line in result.outlines) == 1
+    data = json.loads((pytester.path / "out" / "conformance-myname.json").read_text())
+    assert data["complete"] is True and data["summary"] == {"passed": 6}
+    assert len(data["tests"]) == 6
+    assert sorted(p.name for p in (pytester.path / "out").iterdir()) == ["conformance-myname.json", "conformance-myname.md"]
+
+
+def test_xdist_reports_stale_entries_from_the_whole_collection(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(
+        pytester,
+        {"test": "test_kf.py::test_broken*", "category": "notyet", "reason": "deselected, not stale"},
+        {"test": "test_kf.py::test_renamed*", "category": "never", "reason": "gone"},
+    )
+    result = pytester.runpytest_subprocess("--runtime", "myname", "--known-failures", str(path), "-n", "2", "-k", "fixed")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*stale known failures*", "*failure #2: 'test_kf.py::test_renamed*' matches no test*"])
+    result.stdout.no_fnmatch_line("*failure #1*matches no test*")
+
+
+def test_xdist_unknown_capability_errors_with_its_message(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile("import pytest\n\n@pytest.mark.requires('teleport')\ndef test_x(runtime):\n    pass\n")
+    result = pytester.runpytest_subprocess("--runtime", "myname", "-n", "2")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_x[[]myname[]]: unknown capability 'teleport'*"])
