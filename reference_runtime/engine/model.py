@@ -169,10 +169,14 @@ class Decoder(nn.Module):
         hidden = self.post_attention(self.num_layers - 1, hidden, attn)
         return nn.functional.linear(rms_norm(hidden, self.final_norm, self.eps), self.lm_head)
 
-    def forward(self, input_ids, positions, attention: Callable) -> torch.Tensor:
-        """The whole step, pieces and attention interleaved: logits [T, vocab]."""
-        hidden, q, k, v = self.first_piece(input_ids, positions)
+    def forward(self, input_ids, positions, attention: Callable, pieces=None) -> torch.Tensor:
+        """The whole step, pieces and attention interleaved: logits [T, vocab].
+
+        `pieces` can replace this module's piece functions (compiled versions, say).
+        """
+        pieces = pieces or self
+        hidden, q, k, v = pieces.first_piece(input_ids, positions)
         for index in range(1, self.num_layers):
             attn = attention(index - 1, q, k, v)
-            hidden, q, k, v = self.middle_piece(index, hidden, attn, positions)
-        return self.last_piece(hidden, attention(self.num_layers - 1, q, k, v))
+            hidden, q, k, v = pieces.middle_piece(index, hidden, attn, positions)
+        return pieces.last_piece(hidden, attention(self.num_layers - 1, q, k, v))

@@ -1,0 +1,86 @@
+"""Real CUDA graphs: one torch.cuda.CUDAGraph per capture, all sharing one memory pool.
+
+Sharing the pool lets smaller graphs, captured after larger ones, reuse the larger's blocks
+(SPEC 6). Capture runs on a side stream, as torch.cuda.graph requires. The caller warms up.
+This module imports on CPU-only machines; the backend is only constructible where CUDA is.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
+
+
+class CudaGraph(CapturedGraph):
+    num_ops = None  # CUDAGraph exposes no cheap node count
+
+    def __init__(self, backend, name, output, input_addresses, graph: torch.cuda.CUDAGraph):
+        super().__init__(backend, name, output, input_addresses)
+        self._graph = graph
+
+    def _launch(self) -> None:
+        self._graph.replay()
+
+
+class CudaGraphBackend(GraphBackend):
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str = "cuda", debug: bool = False):
+        if not torch.cuda.is_available():
+            raise ValueError("graph backend 'cuda' needs a CUDA device, and none is available here; "
+                             "use the 'emulated' backend on CPU-only machines")
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"graph backend 'cuda' captures on a CUDA device, not {self.device}")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        super().__init__(debug)
+        with torch.cuda.device(self.device):
+            self._pools = [torch.cuda.graph_pool_handle()]  # the last is current; see below
+            self._capture_stream = torch.cuda.Stream(self.device)
+        self._failed_captures: list[torch.cuda.CUDAGraph] = []
+
+    def _capture(self, fn: Callable[[], Any], name: str, input_addresses: dict[str, InputAddress]) -> CudaGraph:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=self._pools[-1], stream=self._capture_stream):
+                output = fn()
+        except RuntimeError as error:
+            self._recover_from_failed_capture(graph)
+            # CUDA reports a sync or an unsafe call during capture as a generic RuntimeError
+            # (or torch.AcceleratorError); give callers the same CaptureError the emulator raises.
+            if "captur" not in str(error).lower():
+                raise
+            first_error = str(error.__context__ or error).splitlines()[0]
+            raise CaptureError(
+                f"graph {name!r}: CUDA rejected an operation during capture; CPU synchronisation "
+                f"(.item(), .tolist()), data-dependent shapes and device-to-host copies are forbidden "
+                f"during graph capture, and the callable must have been warmed up eagerly first. "
+                f"CUDA said: {first_error}"
+            ) from error
+        return CudaGraph(self, name, output, input_addresses, graph)
+
+    def _recover_from_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
+        # A capture that fails leaves the allocator recording into its pool (torch ends the
+        # recording only after a successful cudaStreamEndCapture), so that pool cannot be
+        # captured into again: continue in a fresh pool. Earlier graphs keep theirs. The
+        # allocator's stale entry still points at the failed graph, so keep that object alive.
+        self._failed_captures.append(graph)
+        with torch.cuda.device(self.device):
+            self._pools.append(torch.cuda.graph_pool_handle())
+
+    def pool_stats(self) -> dict:
+        """bytes: reserved in this backend's graph pools; the device-wide counters beside it."""
+        pool_ids = {tuple(pool) for pool in self._pools}
+        pool_bytes = sum(
+            segment["total_size"] for segment in torch.cuda.memory_snapshot()
+            if segment.get("device") == self.device.index and tuple(segment.get("segment_pool_id", ())) in pool_ids
+        )
+        stats = torch.cuda.memory_stats(self.device)
+        return {
+            "bytes": pool_bytes,
+            "allocated_bytes": stats.get("allocated_bytes.all.current", 0),
+            "reserved_bytes": stats.get("reserved_bytes.all.current", 0),
+        }

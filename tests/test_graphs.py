@@ -1,0 +1,246 @@
+"""Graph backends (SPEC 6): replay equals eager, frozen capture, address checks, capture errors.
+
+Every test runs on the CPU emulator; those that hold for real graphs also run on CUDA where a
+GPU is present. Eager runs of the same step are the oracle.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_runtime.graphs import CaptureError, StaleAddressError, make_backend
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+
+
+@pytest.fixture(params=["emulated", CUDA])
+def backend(request):
+    return make_backend(request.param, "cuda")
+
+
+@pytest.fixture
+def emulated():
+    return make_backend("emulated", "cpu")
+
+
+def device_of(backend) -> str:
+    return "cuda" if backend.name == "cuda" else "cpu"
+
+
+class TinyStep:
+    """A decode-like step: MLP with views, softmax, in-place ops, a cache written through slots."""
+
+    def __init__(self, device, batch=4, hidden=8, num_slots=32):
+        weights = torch.Generator().manual_seed(0)
+        self.batch, self.hidden, self.num_slots = batch, hidden, num_slots
+        self.w_in = torch.randn(hidden, 2 * hidden, generator=weights).to(device)
+        self.w_out = torch.randn(hidden, hidden, generator=weights).to(device)
+        self.cache = torch.zeros(num_slots, hidden, device=device)
+        self.inputs = {"hidden": torch.zeros(batch, hidden, device=device),
+                       "slot_ids": torch.arange(batch, device=device)}
+
+    def __call__(self):
+        up_and_gate = (self.inputs["hidden"] @ self.w_in).view(self.batch, 2, self.hidden).transpose(0, 1)
+        activation = torch.softmax(up_and_gate[0], dim=-1) * up_and_gate[1]
+        activation.mul_(0.5).add_(1.0)
+        out = activation @ self.w_out
+        self.cache.index_put_((self.inputs["slot_ids"],), out)
+        gathered = self.cache.index_select(0, self.inputs["slot_ids"]).t().reshape(-1)
+        best, best_index = out.max(dim=-1)  # a multi-output op
+        return {"out": out, "gathered": gathered, "best": best, "best_index": best_index}
+
+    def copy_in(self, seed: int) -> None:
+        data = torch.Generator().manual_seed(seed)
+        self.inputs["hidden"].copy_(torch.randn(self.batch, self.hidden, generator=data))
+        self.inputs["slot_ids"].copy_(torch.randperm(self.num_slots, generator=data)[: self.batch])
+
+
+def capture_step(backend, step: TinyStep, name="step"):
+    step()  # warm-up, as the caller must do before a CUDA capture
+    return backend.capture(step, static_inputs=step.inputs, name=name)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+def test_replay_equals_eager_bit_for_bit(backend, grad_mode):
+    step = TinyStep(device_of(backend))
+    with grad_mode():
+        graph = capture_step(backend, step)
+        for seed in range(3):
+            step.copy_in(seed)
+            cache_before = step.cache.clone()
+            graph.replay(step.inputs)
+            replayed = {k: v.clone() for k, v in graph.output.items()}
+            replayed_cache = step.cache.clone()
+            step.cache.copy_(cache_before)
+            eager = step()
+            for key in eager:
+                assert torch.equal(replayed[key], eager[key]), f"{key} differs from eager (seed {seed})"
+            assert torch.equal(replayed_cache, step.cache), f"cache differs from eager (seed {seed})"
+
+
+def test_outputs_are_overwritten_in_place_by_the_next_replay(backend):
+    step = TinyStep(device_of(backend))
+    with torch.inference_mode():
+        graph = capture_step(backend, step)
+        out = graph.output["out"]
+        step.copy_in(1)
+        graph.replay(step.inputs)
+        first = out.clone()
+        step.copy_in(2)
+        graph.replay(step.inputs)
+    assert graph.output["out"] is out
+    assert not torch.equal(out, first)
+    assert backend.pool_stats()["bytes"] > 0
+
+
+def test_python_control_flow_and_scalars_are_frozen_at_capture(backend):
+    x = torch.ones(3, device=device_of(backend))
+    settings = {"scale": 2.0}
+
+    def fn():
+        return x * settings["scale"] if settings["scale"] > 1 else x - 100
+
+    with torch.inference_mode():
+        graph = backend.capture(fn, static_inputs={"x": x})
+        settings["scale"] = 0.0  # eager would now take the other branch
+        x.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        graph.replay({"x": x})
+    assert graph.output.tolist() == [2.0, 4.0, 6.0]
+
+
+def test_stale_metadata_is_used_as_is(backend):
+    """Slots not copied into their buffer: replay writes the cache at the old slots (as a real graph)."""
+    step = TinyStep(device_of(backend))
+    with torch.inference_mode():
+        graph = capture_step(backend, step)
+        step.cache.zero_()
+        step.inputs["hidden"].copy_(torch.ones(step.batch, step.hidden))  # slot_ids left at 0..3
+        graph.replay(step.inputs)
+    written = step.cache.abs().sum(dim=-1).nonzero().flatten().tolist()
+    assert written == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("forbidden", [
+    pytest.param(lambda x: x.sum().item(), id="item"),
+    pytest.param(lambda x: x.tolist(), id="tolist"),
+    pytest.param(lambda x: torch.nonzero(x), id="nonzero"),
+])
+def test_cpu_sync_during_capture_raises(backend, forbidden):
+    x = torch.ones(4, device=device_of(backend))
+    with torch.inference_mode(), pytest.raises(CaptureError, match="capture"):
+        backend.capture(lambda: forbidden(x), static_inputs={"x": x}, name="bad")
+    assert not backend.capturing
+    with torch.inference_mode():  # a failed capture leaves the backend usable
+        graph = backend.capture(lambda: x + 1, static_inputs={"x": x})
+        graph.replay({"x": x})
+    assert graph.output.tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("forbidden, message", [
+    pytest.param(lambda x: x[x > 0], "boolean mask", id="mask-index"),
+    pytest.param(lambda x: x.to("meta"), "device copies", id="device-copy"),
+    pytest.param(lambda x: bool(x[0]), "CPU synchronisation", id="bool"),
+    pytest.param(lambda x: x.clone().unsqueeze_(0), "out-of-place", id="inplace-view"),
+])
+def test_emulator_rejects_what_it_cannot_replay(emulated, forbidden, message):
+    x = torch.ones(4)
+    for grad_mode in (torch.inference_mode, torch.no_grad):
+        with grad_mode(), pytest.raises(CaptureError, match=message):
+            emulated.capture(lambda: forbidden(x), static_inputs={"x": x}, name="bad")
+
+
+def test_replaced_buffer_fails_on_first_replay(backend):
+    step = TinyStep(device_of(backend))
+    with torch.inference_mode():
+        graph = capture_step(backend, step, name="decode-4")
+        step.inputs["hidden"] = torch.ones_like(step.inputs["hidden"])  # replaced, not copied into
+        with pytest.raises(StaleAddressError, match=r"'decode-4'.*'hidden'.*copied into the captured static buffers"):
+            graph.replay(step.inputs)
+
+
+def replace_after_one_good_replay(backend):
+    """Replay once with the captured buffer, then replace it with a new tensor of other data."""
+    x = torch.ones(3, device=device_of(backend))
+    with torch.inference_mode():
+        graph = backend.capture(lambda: x * 2, static_inputs={"x": x}, name="double")
+        graph.replay({"x": x})
+    return graph, {"x": torch.full_like(x, 5.0)}
+
+
+def test_debug_checks_every_replay():
+    backend = make_backend("emulated", "cpu", debug=True)
+    graph, replaced = replace_after_one_good_replay(backend)
+    with pytest.raises(StaleAddressError, match="'x' is now at 0x"):
+        graph.replay(replaced)
+
+
+def test_without_debug_later_replays_are_unchecked_and_compute_on_the_old_buffer(backend):
+    # Documented cost of checking only the first replay: a later swap goes unnoticed.
+    graph, replaced = replace_after_one_good_replay(backend)
+    graph.replay(replaced)
+    assert graph.output.tolist() == [2.0, 2.0, 2.0]  # stale: 2 * the old ones, not 2 * 5
+
+
+def test_missing_and_unknown_inputs_are_stale(emulated):
+    x = torch.ones(2)
+    graph = emulated.capture(lambda: x + 1, static_inputs={"x": x}, name="g")
+    with pytest.raises(StaleAddressError, match="'x'.*not supplied"):
+        graph.replay({})
+    with pytest.raises(StaleAddressError, match="'y' was not a static input"):
+        graph.replay({"x": x, "y": x})
+
+
+def test_capture_after_the_capture_phase_raises(backend):
+    backend.close_capture_phase()
+    with pytest.raises(CaptureError, match="capture after the capture phase"):
+        backend.capture(lambda: None, static_inputs={}, name="late")
+
+
+def test_capturing_flag_is_set_only_inside_capture(backend):
+    x, seen = torch.ones(2, device=device_of(backend)), []
+    backend.capture(lambda: (seen.append(backend.capturing), x + 1), static_inputs={"x": x})
+    assert seen == [True] and not backend.capturing
+
+
+def test_num_ops_counts_work_not_views(emulated):
+    x, w = torch.ones(4, 8), torch.ones(8, 8)
+    graph = emulated.capture(lambda: (x @ w).reshape(-1).view(8, 4).t(), static_inputs={"x": x})
+    assert graph.num_ops == 1  # mm; reshape of a contiguous tensor, view and t are aliases
+    assert emulated.pool_stats() == {"bytes": 4 * 8 * 4}  # the mm result, float32
+    step = TinyStep("cpu")
+    graph = capture_step(emulated, step)
+    counts = {graph.num_ops}
+    for seed in range(3):
+        step.copy_in(seed)
+        graph.replay(step.inputs)
+        counts.add(graph.num_ops)
+    assert len(counts) == 1 and graph.num_ops > 5
+
+
+def test_long_graph_replays_and_matches_eager(backend):
+    x = torch.linspace(0, 1, 64, device=device_of(backend))
+
+    def hundred_layers():
+        y = x
+        for _ in range(100):
+            y = torch.tanh(y * 1.01 + 0.01)
+        return y
+
+    with torch.inference_mode():
+        graph = backend.capture(hundred_layers, static_inputs={"x": x})
+        for seed in range(20):
+            x.copy_(torch.rand(64, generator=torch.Generator().manual_seed(seed)))
+            graph.replay({"x": x})
+        assert torch.equal(graph.output, hundred_layers())
+    assert graph.num_ops in (None, 300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_backend_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a CUDA device.*'emulated'"):
+        make_backend("cuda", "cuda")
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown graph backend 'tpu'; valid names: cuda, emulated"):
+        make_backend("tpu", "cpu")
