@@ -40,6 +40,10 @@ class ReferenceRuntime:
         data_parallel=True,
         lora=True,
         speculative=True,
+        execution=True,
+        graph_backends=("emulated", "cuda"),
+        outputs_alias_graph_buffers=False,
+        notes="execution on CPU uses the graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 
     # -- policy -------------------------------------------------------------------------
@@ -66,6 +70,52 @@ class ReferenceRuntime:
         batches = [(r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
         return [p.Dispatch(mode.name, _descriptor(key)) for mode, key in policy.dp_dispatch(_dispatcher(config), batches)]
 
-    # -- execution (the engine arrives with the reference-runtime issue) ------------------
-    def build(self, config: p.EngineConfig):
-        raise NotImplementedError("the reference engine is not built yet; capability 'execution' is off")
+    # -- execution ----------------------------------------------------------------------
+    def build(self, config: p.EngineConfig) -> "ReferenceEngine":
+        from .engine.runner import ModelRunner, RunnerConfig
+
+        runner = ModelRunner(RunnerConfig(
+            preset=config.preset, dtype=config.dtype, device=config.device, graph_backend=config.graph_backend,
+            mode=config.mode, attention_backends=tuple(config.attention_backends) or ("static",),
+            policy=to_policy_config(config.policy), seed=config.seed, compile=config.compile,
+            **dict(config.options),
+        ))
+        return ReferenceEngine(runner)
+
+
+class ReferenceEngine:
+    """The protocol's Engine over the reference ModelRunner."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        r = runner.resolution
+        self.resolution = p.Resolution(r.requested.name, r.resolved.name, r.warnings)
+
+    def capture(self) -> p.CaptureReport:
+        self.runner.capture()
+        return self.capture_report()
+
+    def capture_report(self) -> p.CaptureReport:
+        summary = self.runner.capture_summary
+        if summary is None:
+            return p.CaptureReport({}, 0.0, None, ())
+        return p.CaptureReport(dict(summary.graphs), summary.seconds, summary.memory_bytes, tuple(summary.order))
+
+    def step(self, requests) -> p.StepResult:
+        return self._result(self.runner.step(list(requests)))
+
+    def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
+        return self._result(self.runner.eager_step(list(requests), padded_num_tokens))
+
+    def static_buffer_addresses(self) -> dict[str, int]:
+        return self.runner.buffers.addresses() | {"attn": self.runner.attn_buffer.data_ptr()}
+
+    def launch_counts(self) -> dict[str, int]:
+        return self.runner.launch_counts()
+
+    def release(self, request_id: int) -> None:
+        self.runner.release(request_id)
+
+    @staticmethod
+    def _result(out) -> p.StepResult:
+        return p.StepResult(out.logits, out.runtime_mode, out.num_tokens, out.padded_num_tokens)

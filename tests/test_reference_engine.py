@@ -1,0 +1,134 @@
+"""The reference engine: model parity with transformers, mode equivalence, capture rules.
+
+Runs on the graph emulator everywhere and on CUDA graphs where a GPU is present.
+"""
+import warnings
+
+import pytest
+import torch
+
+from reference_runtime.engine.buffers import Request
+from reference_runtime.engine.engine import LLMEngine
+from reference_runtime.engine.model import seeded_hf_model
+from reference_runtime.engine.runner import ModelRunner, RunnerConfig
+from reference_runtime.graphs import CaptureError, StaleAddressError
+from reference_runtime.policy import PolicyConfig
+
+BACKENDS = ["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="no CUDA device"))]
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 12, [3, 1, 4, 1, 5, 9, 2, 6], [42]]
+BUDGETS = [6, 9, 4, 12, 7]
+
+
+def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=16, **kw):
+    device = "cuda" if graph_backend == "cuda" else "cpu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ModelRunner(RunnerConfig(
+            device=device, graph_backend=graph_backend, mode=mode, attention_backends=attention,
+            policy=PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=64, num_speculative_tokens=spec), **kw))
+
+
+def test_eager_forward_matches_transformers():
+    hf = seeded_hf_model("tiny", seed=0)
+    r = runner(mode="NONE")
+    prompt = [5, 17, 3, 99, 200, 7, 11]
+    tokens = list(prompt)
+    out = r.step([Request(0, tuple(prompt), 0)])
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(out.logits, expected, rtol=0, atol=2e-5)
+    for _ in range(4):
+        tokens.append(int(out.logits[-1].argmax()))
+        out = r.step([Request(0, (tokens[-1],), len(tokens) - 1)])
+        with torch.no_grad():
+            expected = hf(torch.tensor([tokens])).logits[0, -1:]
+        torch.testing.assert_close(out.logits, expected, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("graph_backend", BACKENDS)
+@pytest.mark.parametrize("spec", [0, 1], ids=["q1", "q2"])
+@pytest.mark.parametrize("attention", [("static",), ("uniform",), ("decode",), ("static", "varlen")],
+                         ids=lambda a: "+".join(a))
+def test_generation_is_identical_in_every_mode(graph_backend, spec, attention):
+    outputs = {}
+    for mode in MODES:
+        try:
+            r = runner(graph_backend, mode, attention, spec)
+        except ValueError:  # FULL with a NEVER backend: the table says error
+            assert "varlen" in attention and mode == "FULL"
+            continue
+        r.capture()
+        engine = LLMEngine(r)
+        outputs[mode] = engine.generate(PROMPTS, BUDGETS)
+        assert {rec.runtime_mode for rec in engine.history} <= {"NONE", "PIECEWISE", "FULL"}
+    reference = outputs.pop("NONE")
+    for mode, tokens in outputs.items():
+        assert tokens == reference, f"{mode} generated different tokens"
+
+
+@pytest.mark.parametrize("graph_backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+def test_replay_equals_eager_at_the_same_padded_shape(graph_backend, mode):
+    r = runner(graph_backend, mode)
+    r.capture()
+    prefill = [Request(i, tuple(range(1, 4 + i)), 0) for i in range(6)]
+    r.step(prefill)
+    for batch in (1, 2, 3, 4, 5, 7, 8, 9):
+        decode = [Request(i % 6, (i + 1,), 3 + i % 6) for i in range(min(batch, 6))]
+        mixed = decode[:-1] + [Request(100 + batch, (5, 6), 0)]
+        for requests in (decode, mixed):
+            graph = r.step(requests)
+            eager = r.eager_step(requests, graph.padded_num_tokens)
+            assert graph.runtime_mode != "NONE" or graph.padded_num_tokens == graph.num_tokens
+            assert torch.equal(graph.logits, eager.logits), (mode, batch, graph.runtime_mode)
+            r.release(100 + batch)
+
+
+@pytest.mark.parametrize("graph_backend", BACKENDS)
+def test_padded_rows_write_no_kv_slot(graph_backend):
+    r = runner(graph_backend, "FULL_AND_PIECEWISE")
+    r.capture()
+    r.step([Request(0, (1, 2, 3), 0)])
+    before = r.cache.real_blocks().clone()
+    out = r.step([Request(0, (4,), 3), Request(1, (9, 9, 9, 9, 9), 0)])  # 6 tokens padded to 8
+    assert out.padded_num_tokens == 8
+    written = {r.allocator.slot(0, 3)} | {r.allocator.slot(1, p) for p in range(5)}
+    after = r.cache.real_blocks()
+    changed = {s for s in range(r.cache.num_slots) if not torch.equal(after[:, :, s], before[:, :, s])}
+    assert changed <= written, f"padded rows wrote slots {sorted(changed - written)}"
+    assert r.cache.num_slots - 1 not in changed  # where a -1 index would wrap
+
+
+def test_capture_order_counts_and_phase():
+    r = runner(mode="FULL_AND_PIECEWISE")
+    summary = r.capture()
+    sizes = r.dispatcher.sizes
+    pieces = r.model.num_layers + 1
+    decode_sizes = [s for s in sizes if s <= r.policy.max_num_seqs]
+    assert summary.graphs == {"PIECEWISE": len(sizes) * pieces, "FULL": len(decode_sizes)}
+    modes = [m for m, _ in summary.order]
+    assert modes == sorted(modes, key=["PIECEWISE", "FULL"].index)
+    for mode in ("PIECEWISE", "FULL"):
+        order = [n for m, n in summary.order if m == mode]
+        assert order == sorted(order, reverse=True)
+    with pytest.raises(RuntimeError, match="capture phase"):
+        r.capture()
+    with pytest.raises(CaptureError):
+        r.graphs.capture(lambda: None, static_inputs={})
+
+
+def test_a_swapped_input_buffer_fails_loudly():
+    r = runner(mode="FULL_AND_PIECEWISE")
+    r.capture()
+    r.buffers.input_ids = torch.zeros_like(r.buffers.input_ids)  # a new tensor instead of a copy
+    with pytest.raises(StaleAddressError):
+        r.step([Request(0, (1,), 0)])
+
+
+def test_downgrades_warn():
+    with pytest.warns(UserWarning, match="FULL -> FULL_AND_PIECEWISE"):
+        ModelRunner(RunnerConfig(mode="FULL", attention_backends=("decode",)))
+    with pytest.raises(ValueError, match="PIECEWISE"):
+        ModelRunner(RunnerConfig(mode="FULL", attention_backends=("varlen",)))
