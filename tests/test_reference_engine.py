@@ -132,3 +132,29 @@ def test_downgrades_warn():
         ModelRunner(RunnerConfig(mode="FULL", attention_backends=("decode",)))
     with pytest.raises(ValueError, match="PIECEWISE"):
         ModelRunner(RunnerConfig(mode="FULL", attention_backends=("varlen",)))
+
+
+def test_memory_budget_needs_cuda():
+    with pytest.raises(ValueError, match="device='cuda'"):
+        ModelRunner(RunnerConfig(gpu_memory_utilization=0.5))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_memory_budget_sets_aside_the_graph_estimate():
+    r = runner("cuda", "FULL_AND_PIECEWISE", gpu_memory_utilization=0.2)
+    assert r.num_blocks > 2 and r.graph_memory_estimate > 0
+    summary = r.capture()
+    assert summary.estimate_bytes == r.graph_memory_estimate
+    print(f"graph memory estimate {summary.estimate_bytes} B, actual {summary.memory_bytes} B, "
+          f"{r.num_blocks} KV blocks")
+    assert LLMEngine(r).generate(PROMPTS[:2], 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_compiled_pieces_replay_equal_their_eager_run():
+    r = runner("cuda", "FULL_AND_PIECEWISE", compile=True)
+    r.capture()
+    r.step([Request(0, (1, 2, 3), 0)])
+    for requests in ([Request(0, (4,), 3)], [Request(0, (5,), 4), Request(1, (7, 8), 0)]):
+        graph = r.step(requests)
+        assert torch.equal(graph.logits, r.eager_step(requests, graph.padded_num_tokens).logits)

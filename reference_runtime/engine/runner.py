@@ -36,7 +36,8 @@ class RunnerConfig:
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(max_num_seqs=16, max_num_batched_tokens=64))
     seed: int = 0
     block_size: int = 16
-    num_blocks: int = 256
+    num_blocks: int = 256  # ignored when gpu_memory_utilization sizes the cache
+    gpu_memory_utilization: float | None = None  # CUDA: size the KV cache from this share of the device
     max_model_len: int = 128
     debug: bool = False  # check graph input addresses on every replay, not only the first
     compile: bool = False  # torch.compile the pieces (Inductor, without its own graphs)
@@ -58,6 +59,7 @@ class CaptureSummary:
     pool_stats: dict
     order: list[tuple[str, int]]
     backend: str
+    estimate_bytes: int | None = None  # what the memory budget set aside before capture
 
 
 class ModelRunner:
@@ -73,9 +75,15 @@ class ModelRunner:
         self.model = Decoder.from_hf(hf).to(self.device, self.dtype).eval()
         if config.max_model_len > self.model.max_positions:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {self.model.max_positions} positions")
-        self.cache = KVCache(self.model.num_layers, config.num_blocks, config.block_size, self.model.kv_heads,
+        sized_by_memory = config.gpu_memory_utilization is not None
+        if sized_by_memory and self.device.type != "cuda":
+            raise ValueError("gpu_memory_utilization sizes the KV cache from device memory; it needs device='cuda'")
+        if sized_by_memory and not 0 < config.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
+        # With a memory budget the cache is sized after the graph estimate; until then a minimal one.
+        self.num_blocks = 2 if sized_by_memory else config.num_blocks
+        self.cache = KVCache(self.model.num_layers, self.num_blocks, config.block_size, self.model.kv_heads,
                              self.model.head_dim, self.dtype, self.device)
-        self.allocator = BlockAllocator(config.num_blocks, config.block_size)
         self.backends = make_backends(config.attention_backends, self.model.num_layers, self.cache,
                                       self.model.head_dim ** -0.5)
         support = weakest_support(b.support for b in self.backends)
@@ -99,6 +107,54 @@ class ModelRunner:
         self.full_graphs: dict = {}
         self.piece_graphs: dict[int, list] = {}
         self.capture_summary: CaptureSummary | None = None
+        self.graph_memory_estimate: int | None = None
+        if sized_by_memory:
+            self._size_kv_cache(config.gpu_memory_utilization)
+        self.allocator = BlockAllocator(self.num_blocks, config.block_size)
+
+    # -- memory budget (vLLM: KV cache = budget - model and activations - graph estimate) ------
+    def _size_kv_cache(self, utilization: float) -> None:
+        self.graph_memory_estimate = self._estimate_graph_memory()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free  # the model, buffers and the allocator's cache so far
+        per_block = self.cache.data[:, :, : self.config.block_size].numel() * self.cache.data.element_size()
+        available = int(utilization * total) - used - self.graph_memory_estimate
+        blocks = available // per_block
+        if blocks < 2:
+            raise ValueError(
+                f"no memory left for the KV cache: {utilization:.0%} of {total / 2**30:.1f} GiB minus "
+                f"{used / 2**30:.2f} GiB in use and a {self.graph_memory_estimate / 2**30:.2f} GiB graph estimate "
+                f"leaves {available / 2**30:.2f} GiB; raise gpu_memory_utilization or shrink the capture sizes"
+            )
+        self.num_blocks = int(blocks)
+        self.cache = KVCache(self.model.num_layers, self.num_blocks, self.config.block_size, self.model.kv_heads,
+                             self.model.head_dim, self.dtype, self.device)
+        for backend in self.backends:
+            backend.cache = self.cache
+
+    def _estimate_graph_memory(self) -> int:
+        """Capture the two largest keys of each mode in a throwaway pool; extrapolate the rest.
+
+        The largest costs what it costs; each further graph is charged what the second one added
+        (smaller graphs reuse the larger one's blocks), with vLLM's 1 MiB floor per graph.
+        """
+        real, self.graphs = self.graphs, make_backend("cuda", self.device)
+        estimate = 0
+        try:
+            with self._capture_phase():
+                for mode, keys in self.dispatcher.capture_keys():
+                    deltas = []
+                    for key in keys[:2]:
+                        before = self._free_memory()
+                        self._capture_key(mode, key)
+                        deltas.append(before - self._free_memory())
+                    per_graph = max(deltas[-1], 2**20)
+                    estimate += deltas[0] + per_graph * (len(keys) - 1)
+        finally:
+            self.graphs, self.full_graphs, self.piece_graphs = real, {}, {}
+            gc.collect()
+            torch.cuda.empty_cache()
+        return estimate
 
     # -- forward paths ----------------------------------------------------------------------
     def _attention(self, meta):
@@ -140,10 +196,7 @@ class ModelRunner:
         with self._capture_phase():
             for mode, keys in self.dispatcher.capture_keys():
                 for key in keys:
-                    if mode is CUDAGraphMode.PIECEWISE:
-                        self._capture_pieces(key.num_tokens)
-                    else:
-                        self._capture_full(key)
+                    self._capture_key(mode, key)
                     order.append((mode.name, key.num_tokens))
         self.graphs.close_capture_phase()
         if self.device.type == "cuda":
@@ -153,8 +206,14 @@ class ModelRunner:
         memory = None if free_before is None else free_before - free_after
         counts = {"FULL": len(self.full_graphs), "PIECEWISE": sum(len(g) for g in self.piece_graphs.values())}
         self.capture_summary = CaptureSummary(counts, seconds, memory, self.graphs.pool_stats(), order,
-                                              self.graphs.name)
+                                              self.graphs.name, self.graph_memory_estimate)
         return self.capture_summary
+
+    def _capture_key(self, mode, key) -> None:
+        if mode is CUDAGraphMode.PIECEWISE:
+            self._capture_pieces(key.num_tokens)
+        else:
+            self._capture_full(key)
 
     @contextmanager
     def _capture_phase(self):
