@@ -110,6 +110,11 @@ class StaticBuffers:
         self.seq_lens = torch.zeros(max_rows, **long)
         self.query_start_loc = torch.zeros(max_rows + 1, **long)
         self.context_window = torch.arange(max_model_len, **long)
+        packed_max = 4 * max_tokens + 2 * max_rows + 1 + max_rows * max_blocks
+        cuda = torch.device(device).type == "cuda"
+        self._host_staging = torch.zeros(packed_max, dtype=torch.long, pin_memory=cuda)
+        self._device_staging = torch.zeros(packed_max, **long)
+        self._copy_done = torch.cuda.Event() if cuda else None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -118,23 +123,41 @@ class StaticBuffers:
         return {name: t.data_ptr() for name, t in self.tensors().items()}
 
     def load(self, layout: Layout) -> None:
-        """Copy a step's layout into the buffers (in place: the addresses never change)."""
+        """Copy a step's layout into the buffers (in place: the addresses never change).
+
+        Everything travels in one packed host tensor and one host-to-device copy; the device
+        then scatters it into the named buffers.
+        """
         n, rows = layout.num_tokens, layout.num_reqs
-        if n > self.max_tokens:
-            raise ValueError(f"a step of {n} tokens does not fit static buffers of {self.max_tokens}")
-        tables = torch.zeros(rows, self.max_blocks, dtype=torch.long)
-        for row, table in enumerate(layout.block_tables):
+        if n > self.max_tokens or rows > self.max_rows:
+            raise ValueError(f"a step of {n} tokens in {rows} rows does not fit static buffers of "
+                             f"{self.max_tokens} tokens and {self.max_rows} rows")
+        tables = []
+        for table in layout.block_tables:
             if len(table) > self.max_blocks:
                 raise ValueError(f"a request needs {len(table)} blocks; max_model_len allows {self.max_blocks}")
-            tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
-        host = {
-            "input_ids": torch.tensor(layout.input_ids), "positions": torch.tensor(layout.positions),
-            "slot_mapping": torch.tensor(layout.slot_mapping), "token_req": torch.tensor(layout.token_req),
-            "seq_lens": torch.tensor(layout.seq_lens), "query_start_loc": torch.tensor(layout.query_start_loc),
-        }
-        for name, values in host.items():
-            getattr(self, name)[: values.numel()].copy_(values, non_blocking=True)
-        self.block_tables[:rows].copy_(tables, non_blocking=True)
+            tables += table + [0] * (self.max_blocks - len(table))
+        parts = (layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req, layout.seq_lens,
+                 layout.query_start_loc, tables)
+        packed = [value for part in parts for value in part]
+        staging = self._staging(len(packed))
+        staging.copy_(torch.tensor(packed, dtype=torch.long), non_blocking=False)
+        device = self._device_staging[: len(packed)]
+        device.copy_(staging, non_blocking=True)
+        if self._copy_done is not None:
+            self._copy_done.record()
+        offset = 0
+        for name, part in zip(("input_ids", "positions", "slot_mapping", "token_req", "seq_lens",
+                               "query_start_loc"), parts):
+            getattr(self, name)[: len(part)].copy_(device[offset: offset + len(part)])
+            offset += len(part)
+        self.block_tables[:rows].view(-1).copy_(device[offset:])
+
+    def _staging(self, size: int) -> torch.Tensor:
+        """The host side of the packed copy; pinned on CUDA, and not reused before its copy is done."""
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+        return self._host_staging[:size]
 
     def metadata(self, layout_or_key) -> Metadata:
         """Views for a step of num_tokens with the layout's (frozen) shape decisions."""
