@@ -106,6 +106,33 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("runtime", [runtime], ids=[runtime.name], scope="session")
 
 
+@pytest.fixture(scope="session")
+def graph_backend(pytestconfig, runtime):
+    """cuda when asked for or when a GPU is there and the runtime can use it; else the emulator."""
+    chosen = pytestconfig.getoption("graph_backend")
+    offered = runtime.capabilities.graph_backends
+    if chosen is None:
+        chosen = "cuda" if "cuda" in offered and _cuda_available() else "emulated"
+    if chosen not in offered:
+        pytest.skip(f"runtime {runtime.name!r} offers graph backends {offered}, not {chosen!r}")
+    return chosen
+
+
+@pytest.fixture(scope="session")
+def engines(runtime, graph_backend):
+    from .execution import EngineFactory
+
+    return EngineFactory(runtime, graph_backend)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     runtime = get_runtime(config)
@@ -123,6 +150,8 @@ def pytest_collection_modifyitems(config, items):
         if missing:
             item.add_marker(pytest.mark.skip(
                 reason=f"runtime {runtime.name!r} does not declare capability {', '.join(missing)}"
+                if not any(m.startswith("not ") for m in missing) else
+                f"runtime {runtime.name!r} declares {', '.join(m[4:] for m in missing if m.startswith('not '))}"
             ))
             continue
         entry = kf.first_match(entries, item.nodeid)
@@ -161,14 +190,16 @@ def pytest_runtest_setup(item):
 def _missing_capabilities(item, capabilities: Capabilities) -> list[str]:
     missing = []
     for marker in item.iter_markers("requires"):
-        for name in marker.args:
+        for wanted in marker.args:
+            negated = wanted.startswith("not ")
+            name = wanted[4:].strip() if negated else wanted
             if name not in Capabilities.names():
                 raise pytest.UsageError(
                     f"{item.nodeid}: unknown capability {name!r} in @pytest.mark.requires; "
-                    f"known: {', '.join(Capabilities.names())}"
+                    f"known: {', '.join(Capabilities.names())} (each may be prefixed with 'not ')"
                 )
-            if not capabilities.has(name):
-                missing.append(name)
+            if capabilities.has(name) == negated:
+                missing.append(wanted)
     return missing
 
 

@@ -33,6 +33,10 @@ class Capabilities:
     graph_backends: tuple[str, ...] = ()  # e.g. ("emulated", "cuda")
     batch_invariant: bool = False  # graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's outputs are overwritten by the next replay
+    attention_backends: tuple[tuple[str, str], ...] = ()  # (backend name, declared support level)
+    padding_fills: tuple[str, ...] = ()  # what step(padding_fill=...) can put in padded rows
+    kv_inspection: bool = False  # engines answer kv_snapshot() and slot_of()
+    address_checks: bool = False  # engines answer swap_static_buffer() (to prove a moved input fails)
     notes: str = ""  # free text shown in the report header (what is emulated, what stands in)
 
     def has(self, name: str) -> bool:
@@ -189,12 +193,22 @@ class CaptureReport:
 
 
 class Engine(Protocol):
-    """A built model with its caches and graphs."""
+    """A built model with its caches and graphs.
+
+    `resolution` is the mode the engine resolved at build time from the requested mode and
+    its attention backends.
+    """
+
+    resolution: Resolution
 
     def capture(self) -> CaptureReport: ...
 
-    def step(self, requests: Sequence[Request]) -> StepResult:
-        """Pad, dispatch and run one step as the engine would in service."""
+    def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult:
+        """Pad, dispatch and run one step as the engine would in service.
+
+        `padding_fill` (one of the capabilities' `padding_fills`) says what padded rows hold
+        instead of the engine's own padding values: "zeros", "random", "nan", "inf".
+        """
 
     def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult:
         """Run the same step eagerly at a given padded shape (the equality baseline)."""
@@ -205,3 +219,18 @@ class Engine(Protocol):
 
     def launch_counts(self) -> Mapping[str, int]:
         """Submissions per step by runtime mode (kernels for eager, graph launches + copies for graphs)."""
+
+    def release(self, request_id: int) -> None:
+        """Forget a finished request and free its KV blocks."""
+
+    def kv_snapshot(self) -> Any:
+        """A copy of every real KV-cache slot, indexed by slot first (capability kv_inspection)."""
+
+    def slot_of(self, request_id: int, position: int) -> int:
+        """The KV slot that holds a request's position (capability kv_inspection)."""
+
+    def swap_static_buffer(self, name: str) -> None:
+        """Replace a static input with a new tensor, as a buggy step would (capability address_checks).
+
+        The next replay of any graph that reads it must raise instead of computing on stale memory.
+        """

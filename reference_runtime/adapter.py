@@ -43,6 +43,11 @@ class ReferenceRuntime:
         execution=True,
         graph_backends=("emulated", "cuda"),
         outputs_alias_graph_buffers=False,
+        attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
+                            ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
+        padding_fills=("zeros", "random", "nan", "inf"),
+        kv_inspection=True,
+        address_checks=True,
         notes="execution on CPU uses the graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 
@@ -101,8 +106,8 @@ class ReferenceEngine:
             return p.CaptureReport({}, 0.0, None, ())
         return p.CaptureReport(dict(summary.graphs), summary.seconds, summary.memory_bytes, tuple(summary.order))
 
-    def step(self, requests) -> p.StepResult:
-        return self._result(self.runner.step(list(requests)))
+    def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
+        return self._result(self.runner.step(list(requests), padding_fill))
 
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         return self._result(self.runner.eager_step(list(requests), padded_num_tokens))
@@ -115,6 +120,21 @@ class ReferenceEngine:
 
     def release(self, request_id: int) -> None:
         self.runner.release(request_id)
+
+    def kv_snapshot(self):
+        return self.runner.kv_snapshot()
+
+    def slot_of(self, request_id: int, position: int) -> int:
+        return self.runner.allocator.slot(request_id, position)
+
+    def swap_static_buffer(self, name: str) -> None:
+        runner, buffers = self.runner, self.runner.buffers
+        if name == "attn":
+            runner.attn_buffer = runner.attn_buffer.clone()
+        elif name in buffers.NAMES:
+            setattr(buffers, name, getattr(buffers, name).clone())  # same values, another address
+        else:
+            raise ValueError(f"no static buffer {name!r}; the buffers are {', '.join(buffers.NAMES)}, attn")
 
     @staticmethod
     def _result(out) -> p.StepResult:

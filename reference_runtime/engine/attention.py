@@ -44,6 +44,9 @@ def attend(q, k, v, mask, scale):
     """q [B, Tq, H, D], k/v [B, C, KVH, D], mask [B, Tq, C] -> [B, Tq, H * D]."""
     b, tq, heads, d = q.shape
     kv_heads = k.shape[2]
+    # Slots no query may see can hold anything (NaN from a poisoned or uninitialised block):
+    # zero them, since a zero probability times NaN is still NaN.
+    v = v.masked_fill(~mask.any(dim=1)[:, :, None, None], 0)
     q = q.view(b, tq, kv_heads, heads // kv_heads, d)
     scores = torch.einsum("btkgd,bckd->bkgtc", q, k) * scale
     scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))

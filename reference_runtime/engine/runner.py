@@ -265,7 +265,7 @@ class ModelRunner:
         return torch.cuda.mem_get_info(self.device)[0]
 
     # -- steps ------------------------------------------------------------------------------
-    def step(self, requests: list[Request]) -> StepOutput:
+    def step(self, requests: list[Request], padding_fill: str | None = None) -> StepOutput:
         """Pad, dispatch and run one step as in service."""
         n = sum(len(r.token_ids) for r in requests)
         uniform = query_len_if_uniform(requests, self.q) is not None
@@ -274,7 +274,7 @@ class ModelRunner:
             mode = CUDAGraphMode.NONE  # nothing captured yet: run eager, unpadded
         size = key.num_tokens if mode is not CUDAGraphMode.NONE else n
         layout_uniform = key.uniform if mode is CUDAGraphMode.FULL else None
-        return self._run(requests, mode, size, layout_uniform, key)
+        return self._run(requests, mode, size, layout_uniform, key, padding_fill)
 
     def eager_step(self, requests: list[Request], padded_num_tokens: int) -> StepOutput:
         """The same step run eagerly at a given padded size, with the layout a graph there would use."""
@@ -285,10 +285,15 @@ class ModelRunner:
         return self._run(requests, CUDAGraphMode.NONE, padded_num_tokens, layout_uniform, None)
 
     @torch.inference_mode()
-    def _run(self, requests, mode, size, layout_uniform, key) -> StepOutput:
+    def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None) -> StepOutput:
         n = sum(len(r.token_ids) for r in requests)
         layout = plan_layout(list(requests), self.allocator, size, self.q, self.max_rows, uniform=layout_uniform)
         self.buffers.load(layout)
+        with self._padding_filled(layout, padding_fill):
+            return self._execute(layout, mode, key, n)
+
+    def _execute(self, layout, mode, key, n) -> StepOutput:
+        size = layout.num_tokens
         meta = self.buffers.metadata(layout)
         if mode is CUDAGraphMode.FULL:
             graph = self.full_graphs[key]
@@ -300,5 +305,56 @@ class ModelRunner:
             logits = self._forward(meta)
         return StepOutput(logits[:n].clone(), mode.name, n, size)
 
+    PADDING_FILLS = ("zeros", "random", "nan", "inf")
+
+    @contextmanager
+    def _padding_filled(self, layout, fill: str | None):
+        """Put other values in the padded rows: real rows must not change (SPEC 7, invariant 2).
+
+        Token ids and positions of padded rows get zeros or random valid values; for "nan" and
+        "inf" the null block and the scratch slot, which only padded rows read, are poisoned too.
+        The slot mapping stays -1: padded rows must still write nothing.
+        """
+        n, size = layout.num_real_tokens, layout.num_tokens
+        if fill is None or size == n:
+            yield
+            return
+        if fill not in self.PADDING_FILLS:
+            raise ValueError(f"padding_fill must be one of {', '.join(self.PADDING_FILLS)}, got {fill!r}")
+        generator = torch.Generator().manual_seed(size)
+        pad = size - n
+        if fill == "zeros":
+            ids = positions = torch.zeros(pad, dtype=torch.long)
+        else:
+            ids = torch.randint(0, self.model.vocab, (pad,), generator=generator)
+            positions = torch.randint(0, self.config.max_model_len, (pad,), generator=generator)
+        self.buffers.input_ids[n:size].copy_(ids)
+        self.buffers.positions[n:size].copy_(positions)
+        poisoned = self.cache.data[:, :, : self.config.block_size]  # the null block
+        if fill in ("nan", "inf"):
+            value = float(fill)
+            poisoned.fill_(value)
+            self.cache.data[:, :, self.cache.scratch_slot].fill_(value)
+        try:
+            yield
+        finally:
+            if fill in ("nan", "inf"):
+                poisoned.zero_()
+                self.cache.data[:, :, self.cache.scratch_slot].zero_()
+
     def release(self, request_id: int) -> None:
         self.allocator.release(request_id)
+
+    def kv_snapshot(self) -> torch.Tensor:
+        """Every real slot, slot first: [slots, layers, k/v, kv_heads, head_dim]."""
+        return self.cache.real_blocks().permute(2, 0, 1, 3, 4).clone()
+
+    def launch_counts(self) -> dict[str, int]:
+        """Operations one step submits, per runtime mode, as far as this backend can count them."""
+        counts = {"input_copies": 1}
+        if self.full_graphs:
+            counts["FULL_graph_launches"] = 1
+            counts["FULL_ops_in_graph"] = next(iter(self.full_graphs.values())).num_ops
+        if self.piece_graphs:
+            counts["PIECEWISE_graph_launches"] = self.model.num_layers + 1
+        return counts
