@@ -69,6 +69,8 @@ class RunReport:
         entry = self.results.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "duration": 0.0})
         entry["duration"] = round(entry["duration"] + report.duration, 6)
         outcome = _outcome(report)
+        if report.when == "call" and report.user_properties:
+            entry["properties"] = {str(k): v for k, v in report.user_properties}
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:
             entry["outcome"] = outcome
             entry["reason"] = _reason(report)
