@@ -125,8 +125,10 @@ class EmulatedGraph(CapturedGraph):
         self.num_ops = len(steps)
 
     def _launch(self) -> None:
-        # Replay never builds autograd state, whatever mode the caller is in.
-        with torch.inference_mode():
+        # Replay never builds autograd state, whatever mode the caller is in. It is one opaque
+        # submission, as a CUDA graph is to a profiler: dispatch modes outside (an op counter
+        # in the harness, say) do not see the ops inside.
+        with torch.inference_mode(), torch._C._DisableTorchDispatch():
             for func, args, kwargs, copy_into in self._steps:
                 result = func(*args, **kwargs)
                 if copy_into is None:
