@@ -79,7 +79,8 @@ class ReferenceRuntime:
     def build(self, config: p.EngineConfig) -> "ReferenceEngine":
         from .engine.runner import ModelRunner, RunnerConfig
 
-        runner = ModelRunner(RunnerConfig(
+        runner_class = getattr(self, "runner_class", None) or ModelRunner
+        runner = runner_class(RunnerConfig(
             preset=config.preset, dtype=config.dtype, device=config.device, graph_backend=config.graph_backend,
             mode=config.mode, attention_backends=tuple(config.attention_backends) or ("static",),
             policy=to_policy_config(config.policy), seed=config.seed, compile=config.compile,
