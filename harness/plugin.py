@@ -8,7 +8,7 @@ import pytest
 
 from . import compare
 from . import known_failures as kf
-from . import registry, report
+from . import registry, report, robustness
 from .hypothesis_profiles import register_profiles
 from .protocol import Capabilities
 
@@ -45,6 +45,10 @@ def pytest_addoption(parser):
         "--graph-backend", default=None, choices=("emulated", "cuda"),
         help="graph backend for execution suites (default: cuda when a GPU is present, else emulated)",
     )
+    group.addoption(
+        "--test-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="fail a test that runs longer than this (default %(default)s; 0 turns it off)",
+    )
 
 
 def pytest_configure(config):
@@ -55,6 +59,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config.stash[RUNTIME_KEY] = runtime
     compare.RUNTIME_OPTION = config.getoption("runtime")
+    config.pluginmanager.register(robustness.Robustness(config, runtime.name), "cudagraph-conformance-robustness")
     entries = []
     paths = list(config.getoption("known_failures"))
     own = getattr(runtime, "known_failures", None)
@@ -111,6 +116,7 @@ def graph_backend(pytestconfig, runtime):
     """cuda when asked for or when a GPU is there and the runtime can use it; else the emulator."""
     chosen = pytestconfig.getoption("graph_backend")
     offered = runtime.capabilities.graph_backends
+    robustness.pin_worker_to_a_gpu(pytestconfig)
     if chosen is None:
         chosen = "cuda" if "cuda" in offered and _cuda_available() else "emulated"
     if chosen not in offered:
