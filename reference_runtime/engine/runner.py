@@ -108,9 +108,10 @@ class ModelRunner:
         self.piece_graphs: dict[int, list] = {}
         self.capture_summary: CaptureSummary | None = None
         self.graph_memory_estimate: int | None = None
+        self.allocator = BlockAllocator(self.num_blocks, config.block_size)
         if sized_by_memory:
             self._size_kv_cache(config.gpu_memory_utilization)
-        self.allocator = BlockAllocator(self.num_blocks, config.block_size)
+            self.allocator = BlockAllocator(self.num_blocks, config.block_size)
 
     # -- memory budget (vLLM: KV cache = budget - model and activations - graph estimate) ------
     def _size_kv_cache(self, utilization: float) -> None:
