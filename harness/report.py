@@ -37,7 +37,8 @@ def device_description(runtime) -> str:
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        commit = out.stdout.strip()
+        return commit if out.returncode == 0 and len(commit) == 40 else None
     except (OSError, subprocess.SubprocessError):
         return None
 
