@@ -21,21 +21,28 @@ def default_device(graph_backend: str) -> str:
 
 
 class EngineFactory:
-    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str = "float32"):
+    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str = "float32",
+                 max_num_seqs: int = DEFAULT_SEQS, max_num_batched_tokens: int = DEFAULT_TOKENS,
+                 max_model_len: int = 128, kv_tokens: int | None = None):
         self.runtime = runtime
         self.graph_backend = graph_backend
         self.preset = preset
         self.dtype = dtype
+        self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        self.max_model_len = max_model_len
+        self.kv_tokens = kv_tokens
         self._engines: dict = {}
         self._ids = itertools.count(10_000)
 
-    def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=DEFAULT_SEQS,
-               max_num_batched_tokens=DEFAULT_TOKENS, **options) -> EngineConfig:
-        policy = PolicyConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
+               max_num_batched_tokens=None, **options) -> EngineConfig:
+        policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
+                              max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
                               num_speculative_tokens=spec, mode=mode)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=default_device(self.graph_backend),
                             graph_backend=self.graph_backend, mode=mode, attention_backends=tuple(attention),
-                            policy=policy, options=options)
+                            policy=policy, max_model_len=self.max_model_len, kv_tokens=self.kv_tokens,
+                            options=options)
 
     def get(self, fresh: bool = False, capture: bool = True, **kw):
         """A built (and captured) engine; `fresh=True` builds a new one nobody else has used."""

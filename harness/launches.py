@@ -67,3 +67,18 @@ def _count_cuda(fn) -> Submissions:
         elif name.startswith(("cudaMemcpy", "cuMemcpy")):
             copies += 1
     return Submissions(kernels, graphs, copies)
+
+
+def kernel_time_us(fn) -> float:
+    """Summed device time of everything fn runs on the GPU (the floor a graph can approach)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
+    return total

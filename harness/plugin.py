@@ -46,6 +46,10 @@ def pytest_addoption(parser):
         help="graph backend for execution suites (default: cuda when a GPU is present, else emulated)",
     )
     group.addoption(
+        "--bench-preset", default="small", metavar="NAME",
+        help="model preset for the benchmark lane (default %(default)s; the suites use 'tiny')",
+    )
+    group.addoption(
         "--test-timeout", type=float, default=600.0, metavar="SECONDS",
         help="fail a test that runs longer than this (default %(default)s; 0 turns it off)",
     )
@@ -129,6 +133,17 @@ def engines(runtime, graph_backend):
     from .execution import EngineFactory
 
     return EngineFactory(runtime, graph_backend)
+
+
+@pytest.fixture(scope="session")
+def bench_engines(runtime, graph_backend, pytestconfig):
+    """Engines for the benchmark lane: a real model in bf16 on CUDA graphs, vLLM's default grid."""
+    if graph_backend != "cuda":
+        pytest.skip("benchmarks need CUDA graphs on a GPU; the emulator's timings mean nothing")
+    from .execution import EngineFactory
+
+    return EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), dtype="bfloat16",
+                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512, kv_tokens=300_000)
 
 
 def _cuda_available() -> bool:

@@ -164,7 +164,9 @@ class EngineConfig:
     policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(max_num_seqs=16))
     seed: int = 0
     compile: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
+    max_model_len: int = 128  # longest request (prompt + output) the engine must hold
+    kv_tokens: int | None = None  # KV-cache capacity in tokens; None: the runtime's default
+    options: Mapping[str, Any] = field(default_factory=dict)  # runtime-specific extras
 
 
 @dataclass(frozen=True)

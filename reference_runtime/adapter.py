@@ -84,6 +84,8 @@ class ReferenceRuntime:
             preset=config.preset, dtype=config.dtype, device=config.device, graph_backend=config.graph_backend,
             mode=config.mode, attention_backends=tuple(config.attention_backends) or ("static",),
             policy=to_policy_config(config.policy), seed=config.seed, compile=config.compile,
+            max_model_len=config.max_model_len,
+            **({"num_blocks": max(2, -(-config.kv_tokens // 16) + 1)} if config.kv_tokens else {}),
             **dict(config.options),
         ))
         return ReferenceEngine(runner)
