@@ -13,9 +13,11 @@ MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 @pytest.mark.parametrize("spec", [0, 1], ids=["q1", "q2"])
 @pytest.mark.parametrize("mode", MODES)
-def test_graphs_match_the_policy_keys(runtime, engines, mode, spec):
+def test_graphs_match_the_policy_keys(runtime, engines, record_property, mode, spec):
     engine = engines.get(mode=mode, spec=spec, fresh=True, capture=False)
     report = engine.capture()
+    record_property("capture", {"mode": f"{mode} q={1 + spec}", "preset": engines.preset, "graphs": dict(report.graphs),
+                                "seconds": report.seconds, "memory_bytes": report.memory_bytes})
     policy = engines.config(mode=engine.resolution.resolved, spec=spec).policy
     keys = oracle.graph_keys(policy)
     case = f"mode {mode} (resolved {engine.resolution.resolved}), q={1 + spec}"

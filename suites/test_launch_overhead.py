@@ -28,11 +28,14 @@ def graph_backend_device(graph_backend):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_each_mode_submits_what_it_claims(runtime, engines, graph_backend, batch):
+def test_each_mode_submits_what_it_claims(runtime, engines, graph_backend, record_property, batch):
     eager, eager_n, case = measure(engines, graph_backend, "NONE", batch)
     piecewise, piecewise_n, _ = measure(engines, graph_backend, "PIECEWISE", batch)
     full, full_n, _ = measure(engines, graph_backend, "FULL_AND_PIECEWISE", batch)
     counts = {"NONE": eager_n.describe(), "PIECEWISE": piecewise_n.describe(), "FULL": full_n.describe()}
+    record_property("launches", {"batch": batch, **{mode: {"kernels": n.kernels, "graphs": n.graphs, "copies": n.copies}
+                                                    for mode, n in (("NONE", eager_n), ("PIECEWISE", piecewise_n),
+                                                                    ("FULL", full_n))}})
     expect((eager.runtime_mode, piecewise.runtime_mode, full.runtime_mode) == ("NONE", "PIECEWISE", "FULL"),
            invariant=INVARIANT, runtime=runtime, case=case, what="a uniform decode batch ran these modes",
            modes=(eager.runtime_mode, piecewise.runtime_mode, full.runtime_mode))

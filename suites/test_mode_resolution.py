@@ -22,12 +22,15 @@ def _cells(**variant):
                                id=f"{mode}-{SHORT.get(support, support)}")
 
 
-def _check(runtime, request, expected):
+def _check(runtime, request, expected, record_property, variant):
+    record = {"variant": variant, "requested": request.mode, "support": request.support}
     if expected.error:
+        record_property("resolution", {**record, "resolved": "error"})
         expect_error(lambda: runtime.resolve_mode(request), invariant=INVARIANT, runtime=runtime, case=request,
                      what="this request cannot be honoured and must be rejected", mentions=("PIECEWISE",))
         return
     result = runtime.resolve_mode(request)
+    record_property("resolution", {**record, "resolved": result.resolved})
     expect_equal(result.resolved, expected.resolved, invariant=INVARIANT, runtime=runtime, case=request,
                  what="resolved mode")
     if result.resolved != request.mode:
@@ -37,20 +40,20 @@ def _check(runtime, request, expected):
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells()))
-def test_default_table(runtime, request_, expected):
-    _check(runtime, request_, expected)
+def test_default_table(runtime, record_property, request_, expected):
+    _check(runtime, request_, expected, record_property, "default")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells(attention_in_splitting_ops=False)))
-def test_without_attention_in_splitting_ops(runtime, request_, expected):
-    _check(runtime, request_, expected)
+def test_without_attention_in_splitting_ops(runtime, record_property, request_, expected):
+    _check(runtime, request_, expected, record_property, "no attention in splitting_ops")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells(splitting_ops_empty=True)))
-def test_with_empty_splitting_ops(runtime, request_, expected):
-    _check(runtime, request_, expected)
+def test_with_empty_splitting_ops(runtime, record_property, request_, expected):
+    _check(runtime, request_, expected, record_property, "empty splitting_ops")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")
@@ -59,8 +62,9 @@ def test_with_empty_splitting_ops(runtime, request_, expected):
     *_cells(num_speculative_tokens=3),
     *_cells(num_speculative_tokens=2, attention_in_splitting_ops=False),
 ])
-def test_speculative_decoding(runtime, request_, expected):
-    _check(runtime, request_, expected)
+def test_speculative_decoding(runtime, record_property, request_, expected):
+    variant = f"q={1 + request_.num_speculative_tokens}" + ("" if request_.attention_in_splitting_ops else ", no piecewise")
+    _check(runtime, request_, expected, record_property, variant)
 
 
 VARIANTS = [dict(num_speculative_tokens=k, attention_in_splitting_ops=a, splitting_ops_empty=e)

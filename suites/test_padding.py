@@ -51,8 +51,9 @@ def test_above_the_max_runs_eager_and_at_the_max_pads_nothing(runtime, config):
     (64, 5, 19, 8, 3, 37.50),
     (256, 500, 51, 512, 12, 2.34),
 ], ids=["b=5-pad=8", "b=500-pad=512"])
-def test_spec_waste_examples(runtime, seqs, batch, count, padded, waste, pct):
+def test_spec_waste_examples(runtime, record_property, seqs, batch, count, padded, waste, pct):
     config = PolicyConfig(max_num_seqs=seqs)
+    record_property("grid", {"config": f"max_num_seqs={seqs}", "sizes": list(runtime.capture_sizes(config))})
     expect_equal(len(runtime.capture_sizes(config)), count, invariant=INVARIANT, runtime=runtime, case=config,
                  what="number of sizes")
     got = runtime.padded_size(config, batch)

@@ -61,6 +61,10 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record_property,
             "step_ms_min": benchmark.stats.stats.min * 1e3, "rounds": benchmark.stats.stats.rounds}
     benchmark.extra_info.update(info)
     record_property("latency", info)
+    if mode != "eager":
+        report = engine.capture_report()
+        record_property("capture", {"mode": MODES[mode], "preset": bench_engines.preset, "graphs": dict(report.graphs),
+                                    "seconds": report.seconds, "memory_bytes": report.memory_bytes})
 
 
 def median_ms(fn, rounds=30, warmup=5):

@@ -1,0 +1,81 @@
+"""The report's PNG plots, drawn from rows that `harness.render` has already extracted.
+
+Figures are built on the Agg canvas directly, not through pyplot: pyplot keeps global state and
+picks a backend for the whole process, and this runs inside pytest sessions and other people's
+programs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 120
+MODE_STYLE = {  # mode key in the latency rows -> (legend label, colour)
+    "eager": ("eager (no graph)", "tab:red"),
+    "piecewise": ("PIECEWISE graphs", "tab:orange"),
+    "full": ("FULL graph", "tab:blue"),
+}
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    figure = Figure(figsize=(8, 4.8), dpi=DPI)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(True, which="both", alpha=0.3)
+    return figure, axes
+
+
+def _save(figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    return path
+
+
+def latency(rows: list[dict], label: str, path: Path) -> Path:
+    """Median step latency per mode against batch, over the summed kernel time of an eager step."""
+    figure, axes = _figure(f"Decode step latency: {label}", "decode batch (requests, log scale)",
+                           "median step latency (ms)")
+    for mode, (name, colour) in MODE_STYLE.items():
+        points = [(r["batch"], r[mode]) for r in rows if r[mode] is not None]
+        if points:
+            axes.plot(*zip(*points), marker="o", label=name, color=colour)
+    floor = [(r["batch"], r["floor"]) for r in rows if r["floor"] is not None]
+    if floor:
+        axes.plot(*zip(*floor), linestyle="--", color="grey", label="summed GPU kernel time, eager step")
+    axes.set_xscale("log", base=2)
+    axes.set_ylim(bottom=0)
+    axes.legend()
+    return _save(figure, path)
+
+
+def speedup(rows: list[dict], label: str, path: Path) -> Path:
+    """eager/FULL and eager/PIECEWISE step-time ratios against batch; above 1 the graph pays."""
+    figure, axes = _figure(f"Speed-up over eager: {label}", "decode batch (requests, log scale)",
+                           "eager step time / graph step time (x)")
+    for mode in ("full", "piecewise"):
+        points = [(r["batch"], r["eager"] / r[mode]) for r in rows if r["eager"] and r[mode]]
+        if points:
+            name, colour = MODE_STYLE[mode]
+            axes.plot(*zip(*points), marker="o", label=f"eager / {name}", color=colour)
+    axes.axhline(1.0, color="black", linestyle=":", label="no gain (1x)")
+    axes.set_xscale("log", base=2)
+    axes.set_ylim(bottom=0)
+    axes.legend()
+    return _save(figure, path)
+
+
+def padding_waste(waste_by_batch: list[tuple[int, float]], config: str, label: str, path: Path) -> Path:
+    """Padding waste (percent of the padded step) for every batch from 1 to the largest size."""
+    figure, axes = _figure(f"Padding waste per batch: {label}\n{config}", "decode batch (requests)",
+                           "padded rows / padded size (%)")
+    batches, percents = zip(*waste_by_batch)
+    axes.plot(batches, percents, color="tab:purple", linewidth=1, label="waste at this batch")
+    axes.set_xlim(1, batches[-1])
+    axes.set_ylim(bottom=0)
+    axes.legend()
+    return _save(figure, path)
