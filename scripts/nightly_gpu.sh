@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The nightly GPU job: every suite on CUDA graphs, the benchmark lane for the small and medium
+# presets, then one report rendered from the runs' JSON and compared with the last baseline.
+#
+#   bash scripts/nightly_gpu.sh OUT_DIR [BASELINE.json ...]
+#
+# Run from a checkout where the project is installed (scripts/install.sh), or where the root
+# conftest.py can register it. Exits non-zero if a suite fails or a benchmark regressed past 10%.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-reports/nightly}
+shift || true
+baselines=("$@")
+mkdir -p "$out"
+status=0
+
+python -m pytest suites/ --graph-backend cuda -p no:xdist -p no:cacheprovider --benchmark-skip \
+    --report-dir "$out/suites" -q -rs || status=$?
+
+for preset in small medium; do
+    python -m pytest suites/test_step_latency.py suites/test_serving.py --graph-backend cuda --bench-preset "$preset" \
+        --benchmark-only -p no:xdist -p no:cacheprovider --report-dir "$out/bench-$preset" \
+        --benchmark-json "$out/bench-$preset/benchmark.json" -q || status=$?
+done
+
+render=(python -m harness.render "$out"/suites/conformance-*.json "$out"/bench-*/conformance-*.json
+        --out "$out" --title "Nightly GPU run")
+for baseline in "${baselines[@]}"; do
+    render+=(--baseline "$baseline")
+done
+"${render[@]}" --fail-on-regression || status=$?
+exit "$status"

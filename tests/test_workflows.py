@@ -1,0 +1,111 @@
+"""A linter for the CI workflow files and the scripts they call (no network: actionlint is not
+installable here, so the rules that matter are checked directly)."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "scripts").glob("*.sh"))]
+EVENTS = {"push", "pull_request", "schedule", "workflow_dispatch", "workflow_call"}
+CRON_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+
+
+def load(path):
+    data = yaml.safe_load(path.read_text())
+    if True in data:  # YAML 1.1 reads the key `on` as the boolean True
+        data["on"] = data.pop(True)
+    return data
+
+
+def cron_field_ok(field, low, high):
+    for part in field.split(","):
+        part = part.split("/")[0]
+        if part == "*":
+            continue
+        bounds = [int(x) for x in part.split("-")] if re.fullmatch(r"\d+(-\d+)?", part) else None
+        if bounds is None or not all(low <= b <= high for b in bounds):
+            return False
+    return True
+
+
+def test_there_are_a_cpu_and_a_nightly_gpu_workflow():
+    names = {p.stem for p in WORKFLOWS}
+    assert {"ci", "nightly-gpu"} <= names
+
+
+def problems(path) -> list[str]:
+    """What is wrong with a workflow file, as messages; empty when it is well formed."""
+    found = []
+    data = load(path)
+    if not isinstance(data.get("name"), str):
+        found.append("a workflow needs a name")
+    trigger = data.get("on", {})
+    events = set(trigger) if isinstance(trigger, (dict, list)) else {trigger}
+    if not events or not events <= EVENTS:
+        found.append(f"unknown or missing events {sorted(map(str, events - EVENTS)) or 'none'}")
+    for schedule in (trigger.get("schedule", []) if isinstance(trigger, dict) else []):
+        fields = str(schedule.get("cron", "")).split()
+        if len(fields) != 5 or not all(cron_field_ok(f, *r) for f, r in zip(fields, CRON_RANGES)):
+            found.append(f"bad cron {schedule.get('cron')!r}")
+    if not data.get("jobs"):
+        found.append("a workflow needs jobs")
+    for name, job in (data.get("jobs") or {}).items():
+        if "runs-on" not in job:
+            found.append(f"job {name} has no runs-on")
+        if not isinstance(job.get("timeout-minutes"), int):
+            found.append(f"job {name} needs a timeout")
+        for step in job.get("steps", []):
+            if ("run" in step) == ("uses" in step):
+                found.append(f"step {step} needs exactly one of run / uses")
+            elif "uses" in step:
+                if not re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]):
+                    found.append(f"unpinned action {step['uses']}")
+            else:
+                if "with" in step:
+                    found.append(f"`with` belongs to `uses` steps: {step}")
+                for script in re.findall(r"((?:\.ci|scripts)/[\w./-]+)", step["run"]):
+                    if not (ROOT / script).exists():
+                        found.append(f"runs {script}, which does not exist")
+    return found
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_is_well_formed(path):
+    assert problems(path) == []
+
+
+def test_the_linter_finds_mistakes(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "name: bad\non:\n  schedule:\n    - cron: '61 2 * *'\n  pusher: {}\njobs:\n  j:\n"
+        "    steps:\n      - uses: actions/checkout@main\n      - run: bash scripts/missing.sh\n        with: {a: 1}\n"
+    )
+    found = "\n".join(problems(bad))
+    for expected in ("unknown or missing events", "bad cron", "no runs-on", "needs a timeout", "unpinned action",
+                     "`with` belongs", "scripts/missing.sh"):
+        assert expected in found
+
+
+def test_cpu_workflow_runs_the_readme_test_command():
+    steps = load(ROOT / ".github/workflows/ci.yml")["jobs"]["cpu"]["steps"]
+    assert any(step.get("run", "").strip() == "bash .ci/run" for step in steps)
+    assert "bash scripts/install.sh && python -m pytest -n 2" in (ROOT / "README.md").read_text()
+    assert "python -m pytest -n 2" in (ROOT / ".ci/run").read_text()
+
+
+def test_nightly_runs_on_a_gpu_runner_and_always_uploads():
+    job = load(ROOT / ".github/workflows/nightly-gpu.yml")["jobs"]["gpu"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    assert any("scripts/nightly_gpu.sh" in step.get("run", "") for step in job["steps"])
+    upload = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert upload and upload[0].get("if") == "always()"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
