@@ -8,7 +8,7 @@ import pytest
 
 from . import compare
 from . import known_failures as kf
-from . import registry, report, robustness
+from . import registry, render, report, robustness
 from .hypothesis_profiles import register_profiles
 from .protocol import Capabilities
 
@@ -40,6 +40,18 @@ def pytest_addoption(parser):
     group.addoption(
         "--report-dir", default=None, metavar="DIR",
         help="write the run's JSON report and Markdown summary into DIR",
+    )
+    group.addoption(
+        "--baseline", action="append", default=[], metavar="PATH",
+        help="a run's JSON report to compare step latency and serving throughput against (may be repeated)",
+    )
+    group.addoption(
+        "--regression-threshold", type=float, default=0.10, metavar="FRACTION",
+        help="worse than the baseline by more than this is a regression (default %(default)s)",
+    )
+    group.addoption(
+        "--fail-on-regression", action="store_true",
+        help="exit 1 (tests failed) when there is a regression against the baseline",
     )
     group.addoption(
         "--graph-backend", default=None, choices=("emulated", "cuda"),
@@ -77,7 +89,10 @@ def pytest_configure(config):
     config.stash[KNOWN_KEY] = (entries, set())
     _load_default_hypothesis_profile(config)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run writes the report
-        run_report = report.RunReport(config, runtime)
+        try:
+            run_report = report.RunReport(config, runtime)
+        except render.RunFileError as exc:
+            raise pytest.UsageError(f"--baseline: {exc}") from None
         config.stash[REPORT_KEY] = run_report
         config.pluginmanager.register(run_report, "cudagraph-conformance-report")
 
@@ -246,3 +261,13 @@ def pytest_terminal_summary(terminalreporter, config):
     run_report = config.stash.get(REPORT_KEY, None)
     if run_report is not None and run_report.written:
         terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in run_report.written)}")
+    if run_report is not None and run_report.plots:
+        terminalreporter.write_line(f"plots: {', '.join(str(p) for p in run_report.plots)}")
+    if run_report is not None and run_report.baseline_runs:
+        beyond = f"beyond {100 * run_report.threshold:.0f}%"
+        if run_report.regressions:
+            terminalreporter.section(f"regressions against baseline ({beyond})", red=True)
+            for regression in run_report.regressions:
+                terminalreporter.write_line(render.describe_regression(regression))
+        else:
+            terminalreporter.write_line(f"baseline comparison: no regression {beyond}")

@@ -1,4 +1,5 @@
-"""The run's report: one JSON file is the source of truth, a Markdown summary is rendered from it.
+"""The run's report: one JSON file is the source of truth, a Markdown summary is rendered from it
+(by `harness.render`, which also draws the plots and compares against a baseline).
 
 It is written when the session ends and also every few seconds while tests run, so a run that
 crashes part-way still leaves a report of what ran.
@@ -10,10 +11,14 @@ import platform
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
+
+import pytest
+
+from . import render
 
 FLUSH_SECONDS = 5.0
 
@@ -63,7 +68,12 @@ class RunReport:
         self.started = time.time()
         self.last_flush = 0.0
         self.written: list[Path] = []
+        self.plots: list[Path] = []
         self.finished = False
+        # Read now, so a bad --baseline is a usage error before any test runs.
+        self.baseline_runs = [render.load_run(path) for path in config.getoption("baseline", None) or []]
+        self.threshold = config.getoption("regression_threshold", 0.10)
+        self.regressions: list[dict] = []
 
     # -- pytest hooks (this object is registered as a plugin) -----------------------------
     def pytest_runtest_logreport(self, report):
@@ -82,6 +92,8 @@ class RunReport:
         self.finished = True
         self.exitstatus = int(exitstatus)
         self.write()
+        if self.regressions and self.config.getoption("fail_on_regression", False) and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # -- output -------------------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -106,14 +118,22 @@ class RunReport:
 
     def write(self) -> None:
         self.last_flush = time.time()
+        if self.directory is None and not (self.finished and self.baseline_runs):
+            return  # nothing to write and nothing to compare
+        data = self.as_dict()
+        if self.finished and self.baseline_runs:
+            self.regressions = render.compare([data], self.baseline_runs, self.threshold)
         if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        data = self.as_dict()
         stem = self.directory / f"conformance-{self.runtime.name}"
         json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
         json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        md_path.write_text(render_markdown(data))
+        if self.finished:  # plots once, at the end: the flushes during the run refresh only the text
+            self.plots = render.write_report([data], self.directory, md_path.name, threshold=self.threshold,
+                                             regressions=self.regressions if self.baseline_runs else None).plots
+        else:
+            md_path.write_text(render.render_markdown(data))
         self.written = [json_path, md_path]
 
 
@@ -137,31 +157,3 @@ def _reason(report) -> str:
         return report.longrepr[2]
     text = str(report.longrepr)
     return text[-2000:]
-
-
-def render_markdown(data: dict) -> str:
-    """A short human summary: suites x outcomes, then every failure."""
-    by_suite: dict[str, Counter] = defaultdict(Counter)
-    for result in data["tests"]:
-        by_suite[result["nodeid"].split("::")[0]][result["outcome"]] += 1
-    columns = ["passed", "failed", "error", "skipped", "xfailed", "xpassed"]
-    lines = [
-        f"# Conformance report: {data['runtime']} {data['version']}",
-        "",
-        f"- device: {data['device']}",
-        f"- torch: {data['torch']}, python {data['python']}, commit {data['git_commit']}",
-        f"- capabilities: {', '.join(k for k, v in data['capabilities'].items() if v is True) or 'none'}",
-        f"- {'complete' if data['complete'] else 'INCOMPLETE (the run stopped early)'}; {data['seconds']} s; "
-        + ", ".join(f"{n} {k}" for k, n in sorted(data["summary"].items())),
-        "",
-        "| suite | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for suite in sorted(by_suite):
-        lines.append(f"| {suite} | " + " | ".join(str(by_suite[suite][c]) for c in columns) + " |")
-    failures = [r for r in data["tests"] if r["outcome"] in ("failed", "error")]
-    if failures:
-        lines += ["", "## Failures", ""]
-        for result in failures:
-            lines += [f"### {result['nodeid']}", "", "```", result.get("reason", "")[-1500:], "```", ""]
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,146 @@
+"""What a run measured, read from its JSON report: the properties its tests recorded and the
+figures derived from them (padding waste, latency ratios, the crossover, regressions against a
+baseline). Pure Python, no matplotlib and no Markdown, so each figure is testable on its own."""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+
+SPEC_WASTE_BATCH = 500  # SPEC 4's example: on vLLM's grid for max_num_seqs=256, 500 -> 512, 2.34%
+
+
+def recorded(run: dict, name: str) -> list:
+    """Every value the run's tests recorded under property `name`; list values are flattened."""
+    values = []
+    for test in run.get("tests", []):
+        value = (test.get("properties") or {}).get(name)
+        if value is not None:
+            values.extend(value if isinstance(value, list) else [value])
+    return values
+
+
+def distinct(values: list) -> list:
+    seen, kept = set(), []
+    for value in values:
+        key = json.dumps(value, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            kept.append(value)
+    return kept
+
+
+def short_device(device: str | None) -> str:
+    return (device or "unknown device").split(" (")[0].replace("NVIDIA ", "").strip() or "unknown device"
+
+
+def run_labels(runs: list[dict]) -> list[str]:
+    """'runtime @ device', numbered where two runs would otherwise share a label."""
+    labels = [f"{r['runtime']} @ {short_device(r.get('device'))}" for r in runs]
+    counts, seen = Counter(labels), Counter()
+    for i, label in enumerate(labels):
+        if counts[label] > 1:
+            seen[label] += 1
+            labels[i] = f"{label} #{seen[label]}"
+    return labels
+
+
+def padded(sizes: list[int], batch: int) -> int | None:
+    """The smallest capture size that holds the batch; None above the largest (eager)."""
+    return next((s for s in sorted(sizes) if s >= batch), None)
+
+
+def padding_buckets(sizes: list[int]) -> list[dict]:
+    """Per bucket (previous size + 1 .. size): the worst waste, at its smallest batch."""
+    buckets, previous = [], 0
+    for size in sorted(set(sizes)):
+        waste = size - (previous + 1)
+        buckets.append({"first": previous + 1, "size": size, "waste": waste, "percent": 100 * waste / size})
+        previous = size
+    return buckets
+
+
+def waste_line(sizes: list[int], batch: int = SPEC_WASTE_BATCH) -> str:
+    to = padded(sizes, batch)
+    if to is None:
+        return f"batch {batch} -> above the largest size {max(sizes)}: runs eager, unpadded"
+    return f"batch {batch} -> padded {to}, waste {to - batch} tokens ({100 * (to - batch) / to:.2f}%)"
+
+
+def latency_rows(run: dict) -> list[dict]:
+    """One row per batch: median step ms per mode, the eager kernel floor, and the ratios."""
+    by_batch: dict[int, dict] = defaultdict(dict)
+    for entry in recorded(run, "latency"):
+        by_batch[entry["batch"]][entry["mode"]] = entry
+    rows = []
+    for batch in sorted(by_batch):
+        modes = by_batch[batch]
+        step = {m: modes[m].get("step_ms_median") if m in modes else None for m in ("eager", "piecewise", "full")}
+        # The floor is measured at the FULL step's padded shape, the shape FULL replays.
+        source = modes.get("full") or next(iter(modes.values()))
+        floor = source.get("eager_kernel_ms")
+        rows.append({"batch": batch, "padded": source.get("padded"), **step, "floor": floor,
+                     "speedup": step["eager"] / step["full"] if step["eager"] and step["full"] else None,
+                     "full_over_kernel": step["full"] / floor if step["full"] and floor else None})
+    return rows
+
+
+def crossover(rows: list[dict], below: float) -> int | None:
+    """The smallest batch at which eager/FULL falls below `below`; None when it never does."""
+    return next((r["batch"] for r in rows if r["speedup"] is not None and r["speedup"] < below), None)
+
+
+def batch_invariance_rows(run: dict) -> list[dict]:
+    """Largest difference per (bucket, mode). Also reads the older scalar properties
+    `batch_invariance b=N pad=P MODE`, which carry the same numbers in their names."""
+    entries = list(recorded(run, "batch_invariance"))
+    for test in run.get("tests", []):
+        for name, value in (test.get("properties") or {}).items():
+            match = re.fullmatch(r"batch_invariance b=(\d+) pad=(\d+) (\w+)", name)
+            if match:
+                entries.append({"batch": int(match[1]), "padded": int(match[2]), "mode": match[3], "difference": value})
+    buckets: dict[tuple, dict] = {}
+    for e in entries:
+        row = buckets.setdefault((e["padded"], e["mode"]), {"padded": e["padded"], "mode": e["mode"],
+                                                            "batches": [], "difference": 0.0})
+        row["batches"].append(e["batch"])
+        row["difference"] = max(row["difference"], e["difference"])
+    return [buckets[key] for key in sorted(buckets)]
+
+
+def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool]]:
+    """(kind, mode, batch) -> (metric, value, higher_is_worse)."""
+    found = {}
+    for run in runs:
+        for e in recorded(run, "latency"):
+            if e.get("step_ms_median"):
+                found[("latency", e["mode"], e["batch"])] = ("step_ms_median", e["step_ms_median"], True)
+        for e in recorded(run, "serving"):
+            if e.get("output_tok_s"):
+                found[("serving", e["mode"], None)] = ("output_tok_s", e["output_tok_s"], False)
+    return found
+
+
+def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: float = 0.10) -> list[dict]:
+    """Entries where a current run is worse than the baseline by more than `threshold` (a fraction):
+    latency medians higher, serving throughput lower. Matched by (mode, batch) and by mode."""
+    regressions = []
+    for run, label in zip(current_runs, run_labels(current_runs)):
+        # A baseline of the same runtime is the one to beat; otherwise whatever baseline was given.
+        same = [b for b in baseline_runs if b.get("runtime") == run.get("runtime")] or baseline_runs
+        baseline = _benchmarks(same)
+        for key, (metric, value, higher_is_worse) in _benchmarks([run]).items():
+            if key not in baseline:
+                continue
+            before = baseline[key][1]
+            change = (value - before) / before if higher_is_worse else (before - value) / before
+            if change > threshold:
+                regressions.append({"run": label, "kind": key[0], "mode": key[1], "batch": key[2], "metric": metric,
+                                    "baseline": before, "current": value, "change": change})
+    return regressions
+
+
+def describe_regression(r: dict) -> str:
+    where = f"{r['kind']} {r['mode']}" + (f" batch {r['batch']}" if r["batch"] is not None else "")
+    return (f"{r['run']}: {where}: {r['metric']} {r['baseline']:.3f} -> {r['current']:.3f} "
+            f"({100 * r['change']:.1f}% worse)")

@@ -1,0 +1,338 @@
+"""Render run reports (the JSON files RunReport writes) as Markdown for people, with PNG plots.
+
+    python -m harness.render RUN.json [RUN.json ...] --out DIR [--baseline BASELINE.json ...]
+        [--threshold 0.10] [--fail-on-regression] [--title TEXT]
+
+writes DIR/summary.md (and plots beside it) and prints its path. Several runs, of one runtime or
+of many, share one conformance matrix. The JSON is the source of truth: everything here is
+derived from it, and a property a run did not record is named as missing, never invented.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import NamedTuple
+
+# compare and describe_regression are part of this module's interface: the plugin and the CLI use them.
+from .measurements import (batch_invariance_rows, compare, crossover, describe_regression, distinct, latency_rows,
+                           padded, padding_buckets, recorded, run_labels, waste_line)
+
+OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
+MEASUREMENTS = ["grid", "resolution", "capture", "launches", "latency", "batch1_speedup", "serving",
+                "batch_invariance"]
+SUPPORTS = ["ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER"]
+REQUESTED = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+SERVING_COLUMNS = [  # vLLM's benchmark_serving figures, in the order PR #20059 printed them
+    ("requests", "requests", 0), ("seconds", "duration (s)", 2), ("steps", "steps", 0),
+    ("requests_s", "req/s", 2), ("output_tok_s", "output tok/s", 2), ("total_tok_s", "total tok/s", 2),
+    ("mean_ttft_ms", "mean TTFT (ms)", 2), ("mean_tpot_ms", "mean TPOT (ms)", 2),
+    ("p99_tpot_ms", "P99 TPOT (ms)", 2), ("mean_itl_ms", "mean ITL (ms)", 2),
+]
+CROSSOVERS = (1.5, 1.1)
+
+
+class RunFileError(Exception):
+    """A run file that is missing or is not a run report; the message says which and why."""
+
+
+class Rendered(NamedTuple):
+    markdown: Path
+    plots: list[Path]
+    regressions: list[dict]
+
+
+def load_run(path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise RunFileError(f"cannot read run report {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunFileError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tests"), list) or "runtime" not in data:
+        raise RunFileError(f"{path} is not a conformance run report (it needs 'runtime' and a 'tests' list)")
+    return data
+
+
+# -- Markdown helpers ---------------------------------------------------------------------------
+def file_stem(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    def cell(value) -> str:
+        return "—" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
+
+
+def _num(value, digits: int = 2) -> str | None:
+    return None if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(value) -> str | None:
+    return None if value is None else f"{value:.2f}x"
+
+
+# -- conformance --------------------------------------------------------------------------------
+def matrix_cell(tests: list[dict]) -> str:
+    counts = Counter(t["outcome"] for t in tests)
+    if counts and set(counts) == {"skipped"}:
+        reason = next(t.get("reason", "") for t in tests).removeprefix("Skipped: ").strip()
+        return f"skipped ({reason[:60] + '…' if len(reason) > 60 else reason})"
+    return ", ".join(f"{counts[o]} {o}" for o in OUTCOME_ORDER if counts[o])
+
+
+def reproduction(test: dict, runtime: str) -> str:
+    for line in (test.get("reason") or "").splitlines():
+        if line.strip().startswith("reproduce:"):
+            return line.strip().removeprefix("reproduce:").strip()
+    return f"pytest '{test['nodeid']}' --runtime {runtime}"
+
+
+def _run_header(run: dict, label: str) -> list[str]:
+    seconds = run.get("seconds") or 0
+    duration = f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    capabilities = [k for k, v in (run.get("capabilities") or {}).items() if v is True]
+    commit = run.get("git_commit")
+    return [
+        f"### {label}", "",
+        f"- runtime: {run['runtime']} {run.get('version', '')}",
+        f"- device: {run.get('device')}",
+        f"- torch: {run.get('torch')}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}",
+        f"- capabilities: {', '.join(capabilities) or 'none'}",
+        f"- {'complete' if run.get('complete') else 'INCOMPLETE (the run stopped early)'}; {duration}; "
+        + (", ".join(f"{n} {k}" for k, n in sorted((run.get("summary") or {}).items())) or "no tests"),
+        *([f"- command: `pytest {' '.join(run['args'])}`"] if run.get("args") else []), "",
+    ]
+
+
+def _matrix(runs: list[dict], labels: list[str]) -> list[str]:
+    by_suite: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for index, run in enumerate(runs):
+        for test in run["tests"]:
+            by_suite[test["nodeid"].split("::")[0]][index].append(test)
+    rows = [[suite, *(matrix_cell(by_suite[suite][i]) if by_suite[suite][i] else "not run"
+                      for i in range(len(runs)))] for suite in sorted(by_suite)]
+    return ["## Conformance matrix", "", *_table(["suite", *labels], rows)]
+
+
+def _failures(runs: list[dict], labels: list[str]) -> list[str]:
+    lines = []
+    for run, label in zip(runs, labels):
+        for test in run["tests"]:
+            if test["outcome"] not in ("failed", "error"):
+                continue
+            reason = "\n".join((test.get("reason") or "(no reason recorded)").splitlines()[-25:])
+            suffix = f" ({label})" if len(runs) > 1 else ""
+            lines += [f"### {test['nodeid']}{suffix}", "", f"{test['outcome']}; reproduce:", "",
+                      "```sh", reproduction(test, run["runtime"]), "```", "", "```", reason, "```", ""]
+    return ["## Failures", "", *lines] if lines else []
+
+
+# -- measurements -------------------------------------------------------------------------------
+def _padding(grid: dict) -> list[str]:
+    sizes = sorted(grid["sizes"])
+    buckets = padding_buckets(sizes)
+    worst = max(buckets, key=lambda b: b["percent"])
+    rows = [[f"{b['first']}..{b['size']}" if b["first"] < b["size"] else str(b["size"]), b["size"], b["waste"],
+             f"{b['percent']:.2f}%"] for b in buckets]
+    return [f"Grid `{grid.get('config', '?')}`: {len(sizes)} sizes, largest {sizes[-1]}; worst waste "
+            f"{worst['percent']:.2f}% (batch {worst['first']} -> {worst['size']}).", "",
+            f"SPEC check: {waste_line(sizes)}", "",
+            *_table(["batches", "padded to", "worst waste (tokens)", "worst waste (%)"], rows)]
+
+
+def _resolution(entries: list[dict]) -> list[str]:
+    lines, variants = [], defaultdict(dict)
+    for e in entries:
+        variants[e.get("variant", "default")][(e["requested"], e["support"])] = e["resolved"]
+    for variant in sorted(variants, key=lambda v: (v != "default", v)):
+        table = variants[variant]
+        supports = SUPPORTS if variant == "default" else [s for s in SUPPORTS if any(k[1] == s for k in table)]
+        supports += sorted({k[1] for k in table} - set(supports))
+        requested = [m for m in REQUESTED if any(k[0] == m for k in table)]
+        requested += sorted({k[0] for k in table} - set(requested))
+        lines += [f"Variant `{variant}` (requested mode x backend support):", "",
+                  *_table(["requested \\ support", *supports], [[m, *(table.get((m, s)) for s in supports)]
+                                                              for m in requested])]
+    return lines
+
+
+def _capture(entries: list[dict]) -> list[str]:
+    kinds = sorted({k for e in entries for k in (e.get("graphs") or {})})
+    rows = [[e.get("mode"), e.get("preset"), *((e.get("graphs") or {}).get(k) for k in kinds),
+             _num(e.get("seconds"), 2),
+             "not measured" if e.get("memory_bytes") is None else f"{e['memory_bytes'] / 2**30:.2f}"]
+            for e in entries]
+    return _table(["mode", "preset", *(f"{k} graphs" for k in kinds), "capture (s)", "graph memory (GiB)"], rows)
+
+
+def _launches(entries: list[dict]) -> list[str]:
+    rows = []
+    for e in entries:
+        for mode in ("NONE", "PIECEWISE", "FULL"):
+            if mode in e:
+                counts = e[mode]
+                graphs = counts.get("graphs")
+                rows.append([e.get("batch"), mode, counts.get("kernels"),
+                             "n/a (no CUDA)" if graphs is None else graphs, counts.get("copies")])
+    return _table(["batch", "mode", "kernel launches", "graph launches", "copies"], rows)
+
+
+def latency_headline(rows: list[dict]) -> list[str]:
+    by_batch = {r["batch"]: r for r in rows}
+    speedups = [f"{by_batch[b]['speedup']:.2f}x at batch {b}" for b in (1, 64, 256)
+                if b in by_batch and by_batch[b]["speedup"] is not None]
+    lines = [f"- eager / FULL speed-up: {', '.join(speedups)}" if speedups else "- eager / FULL speed-up: not measured"]
+    if 1 in by_batch and by_batch[1]["full_over_kernel"] is not None:
+        lines.append(f"- FULL replay at batch 1 = {by_batch[1]['full_over_kernel']:.2f}x the summed GPU kernel "
+                     "time of an eager step")
+    for threshold in CROSSOVERS:
+        batch = crossover(rows, threshold)
+        lines.append(f"- crossover: eager / FULL below {threshold}x " + (f"from batch {batch}" if batch else "not reached"))
+    return lines
+
+
+def _latency(run: dict, rows: list[dict]) -> list[str]:
+    table = [[r["batch"], r["padded"], _num(r["eager"], 3), _num(r["piecewise"], 3), _num(r["full"], 3),
+              _num(r["floor"], 3), _ratio(r["speedup"]), _ratio(r["full_over_kernel"])] for r in rows]
+    lines = [*latency_headline(rows), ""] if rows else []
+    for check in recorded(run, "batch1_speedup"):
+        lines += [f"Batch-1 check: eager {check['eager_ms']:.3f} ms, FULL {check['full_ms']:.3f} ms, "
+                  f"{check['speedup']:.2f}x.", ""]
+    if rows:
+        lines += _table(["batch", "padded", "eager (ms)", "PIECEWISE (ms)", "FULL (ms)", "eager kernel floor (ms)",
+                         "eager / FULL", "FULL / kernel"], table)
+    return lines
+
+
+def _serving(entries: list[dict]) -> list[str]:
+    rows = [[e.get("mode"), *(_num(e.get(key), digits) for key, _, digits in SERVING_COLUMNS)] for e in entries]
+    lines = _table(["mode", *(title for _, title, _ in SERVING_COLUMNS)], rows)
+    by_mode = {e.get("mode"): e for e in entries}
+    base, graph = by_mode.get("piecewise"), by_mode.get("full_and_piecewise")
+    if base and graph and base.get("output_tok_s") and base.get("mean_tpot_ms") and graph.get("mean_tpot_ms"):
+        gain = 100 * (graph["output_tok_s"] / base["output_tok_s"] - 1)
+        tpot = 100 * (graph["mean_tpot_ms"] / base["mean_tpot_ms"] - 1)
+        lines += [f"FULL_AND_PIECEWISE vs PIECEWISE: output tok/s {gain:+.1f}%, mean TPOT {tpot:+.1f}% "
+                  "(vLLM PR #20059 measured +4.9% and -3.0% with FA2).", ""]
+    return lines
+
+
+def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[str]:
+    rows = latency_rows(run)
+    sections = [
+        ("Padding", [line for grid in distinct(recorded(run, "grid")) for line in _padding(grid)]),
+        ("Mode resolution", _resolution(distinct(recorded(run, "resolution")))),
+        ("Capture", _capture(distinct(recorded(run, "capture"))) if recorded(run, "capture") else []),
+        ("Launch counts per step", _launches(distinct(recorded(run, "launches"))) if recorded(run, "launches") else []),
+        ("Step latency", _latency(run, rows)),
+        ("Serving", _serving(recorded(run, "serving")) if recorded(run, "serving") else []),
+        ("Batch invariance (padded graph vs unpadded eager, largest |difference|)",
+         _table(["padded", "mode", "batches", "largest difference"],
+                [[r["padded"], r["mode"], ", ".join(map(str, r["batches"])), f"{r['difference']:.3g}"]
+                 for r in batch_invariance_rows(run)]) if batch_invariance_rows(run) else []),
+        ("Plots", [f"![{caption}]({name})" for caption, name in plots] + ([""] if plots else [])),
+    ]
+    lines = [f"## Measurements: {label}", ""]
+    for title, body in sections:
+        if body:
+            lines += [f"### {title}", "", *body]
+    names = {test_property for t in run["tests"] for test_property in (t.get("properties") or {})}
+    missing = [m for m in MEASUREMENTS if m not in names and not (m == "batch_invariance" and batch_invariance_rows(run))]
+    if missing:
+        lines += [f"Not recorded in this run: {', '.join(missing)} (their suites did not run, or were skipped).", ""]
+    return lines
+
+
+def _regressions(regressions: list[dict], threshold: float) -> list[str]:
+    lines = ["## Regressions against baseline", ""]
+    if not regressions:
+        return lines + [f"none beyond {100 * threshold:.0f}%.", ""]
+    return lines + [f"{len(regressions)} beyond {100 * threshold:.0f}%:", "",
+                    *(f"- {describe_regression(r)}" for r in regressions), ""]
+
+
+# -- the document -------------------------------------------------------------------------------
+def render_markdown(runs, *, title: str | None = None, plots: dict | None = None,
+                    regressions: list[dict] | None = None, threshold: float = 0.10) -> str:
+    """The whole summary. `plots` maps a run label to (caption, relative file name) pairs;
+    `regressions` None means no baseline was given, so no comparison section."""
+    runs = [runs] if isinstance(runs, dict) else list(runs)
+    labels = run_labels(runs)
+    title = title or "Conformance report: " + ", ".join(dict.fromkeys(f"{r['runtime']} {r.get('version', '')}".strip()
+                                                                       for r in runs))
+    lines = [f"# {title}", ""]
+    lines += [f"> INCOMPLETE: {label} stopped early; it covers only the tests that ran.\n"
+              for run, label in zip(runs, labels) if not run.get("complete")]
+    lines += ["## Runs", ""]
+    for run, label in zip(runs, labels):
+        lines += _run_header(run, label)
+    lines += _matrix(runs, labels) + _failures(runs, labels)
+    if regressions is not None:
+        lines += _regressions(regressions, threshold)
+    for run, label in zip(runs, labels):
+        lines += _measurements(run, label, (plots or {}).get(label, []))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def draw_plots(run: dict, label: str, directory: Path) -> list[tuple[str, str]]:
+    """PNG plots for one run into `directory`: (caption, file name) pairs, none without data."""
+    from . import plots  # matplotlib is imported only when there is something to draw
+
+    stem, drawn = file_stem(label), []
+    rows = latency_rows(run)
+    if rows:
+        drawn.append(("step latency vs batch", plots.latency(rows, label, directory / f"latency-{stem}.png").name))
+        drawn.append(("speed-up over eager vs batch", plots.speedup(rows, label, directory / f"speedup-{stem}.png").name))
+    grids = distinct(recorded(run, "grid"))
+    if grids:
+        sizes = sorted(grids[0]["sizes"])
+        waste = [(n, 100 * (padded(sizes, n) - n) / padded(sizes, n)) for n in range(1, sizes[-1] + 1)]
+        path = plots.padding_waste(waste, grids[0].get("config", ""), label, directory / f"padding-waste-{stem}.png")
+        drawn.append(("padding waste vs batch", path.name))
+    return drawn
+
+
+def write_report(runs: list[dict], directory, name: str = "summary.md", *, regressions: list[dict] | None = None,
+                 threshold: float = 0.10, title: str | None = None) -> Rendered:
+    """The Markdown file and its plots in `directory`; `regressions` as from compare(), None for no baseline."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    plots = {label: draw_plots(run, label, directory) for run, label in zip(runs, run_labels(runs))}
+    path = directory / name
+    path.write_text(render_markdown(runs, title=title, plots=plots, regressions=regressions, threshold=threshold))
+    return Rendered(path, [directory / n for drawn in plots.values() for _, n in drawn], regressions or [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.render", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="run reports written by --report-dir")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory for summary.md and the plots")
+    parser.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="BASELINE.json",
+                        help="run reports to compare latency and serving figures against")
+    parser.add_argument("--threshold", type=float, default=0.10,
+                        help="a regression is worse than baseline by more than this fraction (default 0.10)")
+    parser.add_argument("--fail-on-regression", action="store_true", help="exit 1 when there is a regression")
+    parser.add_argument("--title", help="the document's title")
+    args = parser.parse_args(argv)
+    try:
+        runs = [load_run(p) for p in args.runs]
+        baseline = [load_run(p) for p in args.baseline]
+    except RunFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    regressions = compare(runs, baseline, args.threshold) if baseline else None
+    rendered = write_report(runs, args.out, regressions=regressions, threshold=args.threshold, title=args.title)
+    print(rendered.markdown)
+    for regression in rendered.regressions:
+        print(f"regression: {describe_regression(regression)}", file=sys.stderr)
+    return 1 if args.fail_on_regression and rendered.regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
