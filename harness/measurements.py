@@ -60,6 +60,11 @@ def padding_buckets(sizes: list[int]) -> list[dict]:
     return buckets
 
 
+def waste_by_batch(sizes: list[int]) -> list[tuple[int, float]]:
+    """(batch, waste percent of the padded step) for every batch from 1 to the largest size."""
+    return [(n, 100 * (padded(sizes, n) - n) / padded(sizes, n)) for n in range(1, max(sizes) + 1)]
+
+
 def waste_line(sizes: list[int], batch: int = SPEC_WASTE_BATCH) -> str:
     to = padded(sizes, batch)
     if to is None:

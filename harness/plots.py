@@ -30,6 +30,13 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return figure, axes
 
 
+def _batch_axis(axes, batches: list[int]) -> None:
+    # Log scale for the batch, labelled with the batches measured rather than powers of two.
+    axes.set_xscale("log", base=2)
+    axes.minorticks_off()
+    axes.set_xticks(batches, labels=[str(b) for b in batches])
+
+
 def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=DPI)
@@ -47,7 +54,7 @@ def latency(rows: list[dict], label: str, path: Path) -> Path:
     floor = [(r["batch"], r["floor"]) for r in rows if r["floor"] is not None]
     if floor:
         axes.plot(*zip(*floor), linestyle="--", color="grey", label="summed GPU kernel time, eager step")
-    axes.set_xscale("log", base=2)
+    _batch_axis(axes, [r["batch"] for r in rows])
     axes.set_ylim(bottom=0)
     axes.legend()
     return _save(figure, path)
@@ -63,19 +70,20 @@ def speedup(rows: list[dict], label: str, path: Path) -> Path:
             name, colour = MODE_STYLE[mode]
             axes.plot(*zip(*points), marker="o", label=f"eager / {name}", color=colour)
     axes.axhline(1.0, color="black", linestyle=":", label="no gain (1x)")
-    axes.set_xscale("log", base=2)
+    _batch_axis(axes, [r["batch"] for r in rows])
     axes.set_ylim(bottom=0)
     axes.legend()
     return _save(figure, path)
 
 
-def padding_waste(waste_by_batch: list[tuple[int, float]], config: str, label: str, path: Path) -> Path:
-    """Padding waste (percent of the padded step) for every batch from 1 to the largest size."""
-    figure, axes = _figure(f"Padding waste per batch: {label}\n{config}", "decode batch (requests)",
+def padding_waste(waste_by_grid: dict[str, list[tuple[int, float]]], label: str, path: Path) -> Path:
+    """Padding waste (percent of the padded step) for every batch from 1 to each grid's largest size."""
+    figure, axes = _figure(f"Padding waste per batch: {label}", "decode batch (requests)",
                            "padded rows / padded size (%)")
-    batches, percents = zip(*waste_by_batch)
-    axes.plot(batches, percents, color="tab:purple", linewidth=1, label="waste at this batch")
-    axes.set_xlim(1, batches[-1])
+    # Largest grid first, so a smaller grid's line (the same up to its max) stays visible on top.
+    for config, points in sorted(waste_by_grid.items(), key=lambda item: -len(item[1])):
+        axes.plot(*zip(*points), linewidth=1, label=f"grid {config}")
+    axes.set_xlim(1, max(len(points) for points in waste_by_grid.values()))
     axes.set_ylim(bottom=0)
     axes.legend()
     return _save(figure, path)

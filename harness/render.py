@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 # compare and describe_regression are part of this module's interface: the plugin and the CLI use them.
 from .measurements import (batch_invariance_rows, compare, crossover, describe_regression, distinct, latency_rows,
-                           padded, padding_buckets, recorded, run_labels, waste_line)
+                           padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
 
 OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
 MEASUREMENTS = ["grid", "resolution", "capture", "launches", "latency", "batch1_speedup", "serving",
@@ -140,10 +140,12 @@ def _padding(grid: dict) -> list[str]:
     worst = max(buckets, key=lambda b: b["percent"])
     rows = [[f"{b['first']}..{b['size']}" if b["first"] < b["size"] else str(b["size"]), b["size"], b["waste"],
              f"{b['percent']:.2f}%"] for b in buckets]
+    # The bucket table is long (51 rows for vLLM's default grid), so it folds away on GitHub.
     return [f"Grid `{grid.get('config', '?')}`: {len(sizes)} sizes, largest {sizes[-1]}; worst waste "
             f"{worst['percent']:.2f}% (batch {worst['first']} -> {worst['size']}).", "",
             f"SPEC check: {waste_line(sizes)}", "",
-            *_table(["batches", "padded to", "worst waste (tokens)", "worst waste (%)"], rows)]
+            f"<details><summary>worst waste in each of the {len(buckets)} buckets</summary>", "",
+            *_table(["batches", "padded to", "worst waste (tokens)", "worst waste (%)"], rows), "</details>", ""]
 
 
 def _resolution(entries: list[dict]) -> list[str]:
@@ -236,7 +238,7 @@ def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[s
          _table(["padded", "mode", "batches", "largest difference"],
                 [[r["padded"], r["mode"], ", ".join(map(str, r["batches"])), f"{r['difference']:.3g}"]
                  for r in batch_invariance_rows(run)]) if batch_invariance_rows(run) else []),
-        ("Plots", [f"![{caption}]({name})" for caption, name in plots] + ([""] if plots else [])),
+        ("Plots", [line for caption, name in plots for line in (f"![{caption}]({name})", "")]),
     ]
     lines = [f"## Measurements: {label}", ""]
     for title, body in sections:
@@ -291,10 +293,8 @@ def draw_plots(run: dict, label: str, directory: Path) -> list[tuple[str, str]]:
         drawn.append(("speed-up over eager vs batch", plots.speedup(rows, label, directory / f"speedup-{stem}.png").name))
     grids = distinct(recorded(run, "grid"))
     if grids:
-        sizes = sorted(grids[0]["sizes"])
-        waste = [(n, 100 * (padded(sizes, n) - n) / padded(sizes, n)) for n in range(1, sizes[-1] + 1)]
-        path = plots.padding_waste(waste, grids[0].get("config", ""), label, directory / f"padding-waste-{stem}.png")
-        drawn.append(("padding waste vs batch", path.name))
+        waste = {grid.get("config", "?"): waste_by_batch(grid["sizes"]) for grid in grids}
+        drawn.append(("padding waste vs batch", plots.padding_waste(waste, label, directory / f"padding-waste-{stem}.png").name))
     return drawn
 
 

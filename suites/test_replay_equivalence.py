@@ -14,18 +14,28 @@ pytestmark = pytest.mark.requires("execution")
 GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
-def boundary_batches(engines, engine, seqs, q=1):
-    """Uniform and mixed batches of s-1, s and s+1 tokens for every capture size s (and max+1)."""
+def boundary_counts(engines, q):
     sizes = oracle.capture_sizes(engines.config(spec=q - 1).policy)
-    counts = sorted({n for s in sizes for n in (s - 1, s, s + 1) if n >= 1})
+    return sorted({n for s in sizes for n in (s - 1, s, s + 1) if n >= 1})
+
+
+def boundary_batches(engines, engine, seqs, q=1):
+    """Batches of s-1, s and s+1 tokens for every capture size s (and past the max): uniform
+    ones over all the prefilled requests, then mixed ones with one new prompt joining, after two
+    requests leave so the engine never holds more than max_num_seqs."""
+    counts = boundary_counts(engines, q)
     for n in counts:
         if n % q == 0 and n // q <= len(seqs):
-            yield f"uniform-b={n}", decode_requests(seqs[: n // q], q), []
-        decode = seqs[: min(len(seqs) - 1, max(0, (n - 1) // q))]  # a seat is left for the prefill
+            yield decode_requests(seqs[: n // q], q), []
+    for gone in seqs[-2:]:
+        engine.release(gone.request_id)
+    seqs = seqs[:-2]
+    for n in counts:
+        decode = seqs[: min(len(seqs), max(0, (n - 1) // q))]
         rest = n - q * len(decode)
         if rest >= 1:
             ids = [engines.new_id()]
-            yield f"mixed-b={n}", mixed_requests(decode, ids, [rest], q), ids
+            yield mixed_requests(decode, ids, [rest], q), ids
 
 
 def check_step(engine, runtime, requests, invariant=INVARIANT, what="graph step vs eager at the same padded shape"):
@@ -43,11 +53,11 @@ def test_graph_equals_eager_at_every_bucket_boundary(runtime, engines, mode):
     engine = engines.get(mode=mode)
     seqs = prefill(engine, [engines.new_id() for _ in range(8)], [3, 5, 2, 9, 4, 7, 1, 6])
     ran = set()
-    for _, requests, started in boundary_batches(engines, engine, seqs):
+    for requests, started in boundary_batches(engines, engine, seqs):
         ran.add(check_step(engine, runtime, requests).runtime_mode)
         for request_id in started:
             engine.release(request_id)
-    for s in seqs:
+    for s in seqs[:-2]:
         engine.release(s.request_id)
     expect(ran - {"NONE"} != set(), invariant=INVARIANT, runtime=runtime,
            what=f"mode {mode} ran no graph at all", ran=sorted(ran))
@@ -59,11 +69,11 @@ def test_graph_equals_eager_for_verify_batches_of_q_tokens(runtime, engines, mod
     q = 2
     engine = engines.get(mode=mode, spec=q - 1)
     seqs = prefill(engine, [engines.new_id() for _ in range(8)], [3, 5, 2, 9, 4, 7, 1, 6])
-    for _, requests, started in boundary_batches(engines, engine, seqs, q=q):
+    for requests, started in boundary_batches(engines, engine, seqs, q=q):
         check_step(engine, runtime, requests)
         for request_id in started:
             engine.release(request_id)
-    for s in seqs:
+    for s in seqs[:-2]:
         engine.release(s.request_id)
 
 
