@@ -49,7 +49,7 @@ class EngineFactory:
         config = self.config(**kw)
         key = (config.mode, config.attention_backends, config.policy, tuple(sorted(config.options.items())), capture)
         if fresh or key not in self._engines:
-            engine = self.runtime.build(config)
+            engine = TrackedEngine(self.runtime.build(config))
             if capture:
                 engine.capture()
             if fresh:
@@ -57,8 +57,42 @@ class EngineFactory:
             self._engines[key] = engine
         return self._engines[key]
 
+    def release_all(self) -> None:
+        """After each test: free what it left running, so a failed test cannot starve the next."""
+        for engine in self._engines.values():
+            engine.release_all()
+
     def new_id(self) -> int:
         return next(self._ids)
+
+
+class TrackedEngine:
+    """An engine that remembers which requests it has seen, so they can all be released."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self._live: set[int] = set()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self, requests, padding_fill=None):
+        self._live.update(r.request_id for r in requests)
+        if padding_fill is None:
+            return self._engine.step(requests)
+        return self._engine.step(requests, padding_fill=padding_fill)
+
+    def eager_step(self, requests, padded_num_tokens):
+        self._live.update(r.request_id for r in requests)
+        return self._engine.eager_step(requests, padded_num_tokens)
+
+    def release(self, request_id: int) -> None:
+        self._live.discard(request_id)
+        self._engine.release(request_id)
+
+    def release_all(self) -> None:
+        for request_id in sorted(self._live):
+            self.release(request_id)
 
 
 @dataclass
@@ -68,6 +102,15 @@ class Sequence:
     request_id: int
     context_len: int
     next_tokens: tuple[int, ...] = field(default=())
+
+
+def capture_sizes(runtime, policy) -> list[int]:
+    """The runtime's own sizes where it declares them, else vLLM's grid from the oracle."""
+    if runtime.capabilities.capture_sizes:
+        return list(runtime.capture_sizes(policy))
+    from . import oracle
+
+    return oracle.capture_sizes(policy)
 
 
 def token(request_id: int, position: int, vocab: int = 200) -> int:

@@ -76,7 +76,8 @@ def latency_rows(run: dict) -> list[dict]:
     """One row per batch: median step ms per mode, the eager kernel floor, and the ratios."""
     by_batch: dict[int, dict] = defaultdict(dict)
     for entry in recorded(run, "latency"):
-        by_batch[entry["batch"]][entry["mode"]] = entry
+        if "batch" in entry and "mode" in entry:
+            by_batch[entry["batch"]][entry["mode"]] = entry
     rows = []
     for batch in sorted(by_batch):
         modes = by_batch[batch]
@@ -105,7 +106,7 @@ def batch_invariance_rows(run: dict) -> list[dict]:
             if match:
                 entries.append({"batch": int(match[1]), "padded": int(match[2]), "mode": match[3], "difference": value})
     buckets: dict[tuple, dict] = {}
-    for e in entries:
+    for e in (e for e in entries if {"padded", "mode", "batch", "difference"} <= set(e)):
         row = buckets.setdefault((e["padded"], e["mode"]), {"padded": e["padded"], "mode": e["mode"],
                                                             "batches": [], "difference": 0.0})
         row["batches"].append(e["batch"])
@@ -119,10 +120,10 @@ def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool]]:
     for run in runs:
         for e in recorded(run, "latency"):
             if e.get("step_ms_median"):
-                found[("latency", e["mode"], e["batch"])] = ("step_ms_median", e["step_ms_median"], True)
+                found[("latency", e.get("mode"), e.get("batch"))] = ("step_ms_median", e["step_ms_median"], True)
         for e in recorded(run, "serving"):
             if e.get("output_tok_s"):
-                found[("serving", e["mode"], None)] = ("output_tok_s", e["output_tok_s"], False)
+                found[("serving", e.get("mode"), None)] = ("output_tok_s", e["output_tok_s"], False)
     return found
 
 

@@ -144,10 +144,17 @@ def graph_backend(pytestconfig, runtime):
 
 
 @pytest.fixture(scope="session")
-def engines(runtime, graph_backend):
+def engine_factory(runtime, graph_backend):
     from .execution import EngineFactory
 
     return EngineFactory(runtime, graph_backend)
+
+
+@pytest.fixture
+def engines(engine_factory):
+    """Captured engines for the execution suites; whatever a test leaves running is released."""
+    yield engine_factory
+    engine_factory.release_all()
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ def _ratio(value) -> str | None:
 def matrix_cell(tests: list[dict]) -> str:
     counts = Counter(t["outcome"] for t in tests)
     if counts and set(counts) == {"skipped"}:
-        reason = next(t.get("reason", "") for t in tests).removeprefix("Skipped: ").strip()
+        reason = (tests[0].get("reason") or "").removeprefix("Skipped: ").strip()
         return f"skipped ({reason[:60] + '…' if len(reason) > 60 else reason})"
     return ", ".join(f"{counts[o]} {o}" for o in OUTCOME_ORDER if counts[o])
 
@@ -150,8 +150,8 @@ def _padding(grid: dict) -> list[str]:
 
 def _resolution(entries: list[dict]) -> list[str]:
     lines, variants = [], defaultdict(dict)
-    for e in entries:
-        variants[e.get("variant", "default")][(e["requested"], e["support"])] = e["resolved"]
+    for e in (e for e in entries if "requested" in e and "support" in e):
+        variants[e.get("variant", "default")][(e["requested"], e["support"])] = e.get("resolved")
     for variant in sorted(variants, key=lambda v: (v != "default", v)):
         table = variants[variant]
         supports = SUPPORTS if variant == "default" else [s for s in SUPPORTS if any(k[1] == s for k in table)]
@@ -225,36 +225,45 @@ def _serving(entries: list[dict]) -> list[str]:
     return lines
 
 
+def _batch_invariance(rows: list[dict]) -> list[str]:
+    return _table(["padded", "mode", "batches", "largest difference"],
+                  [[r["padded"], r["mode"], ", ".join(map(str, r["batches"])), f"{r['difference']:.3g}"] for r in rows])
+
+
 def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[str]:
-    rows = latency_rows(run)
+    latency, invariance = latency_rows(run), batch_invariance_rows(run)
+    capture, launches, serving = (distinct(recorded(run, name)) for name in ("capture", "launches", "serving"))
     sections = [
         ("Padding", [line for grid in distinct(recorded(run, "grid")) for line in _padding(grid)]),
         ("Mode resolution", _resolution(distinct(recorded(run, "resolution")))),
-        ("Capture", _capture(distinct(recorded(run, "capture"))) if recorded(run, "capture") else []),
-        ("Launch counts per step", _launches(distinct(recorded(run, "launches"))) if recorded(run, "launches") else []),
-        ("Step latency", _latency(run, rows)),
-        ("Serving", _serving(recorded(run, "serving")) if recorded(run, "serving") else []),
+        ("Capture", _capture(capture) if capture else []),
+        ("Launch counts per step", _launches(launches) if launches else []),
+        ("Step latency", _latency(run, latency)),
+        ("Serving", _serving(serving) if serving else []),
         ("Batch invariance (padded graph vs unpadded eager, largest |difference|)",
-         _table(["padded", "mode", "batches", "largest difference"],
-                [[r["padded"], r["mode"], ", ".join(map(str, r["batches"])), f"{r['difference']:.3g}"]
-                 for r in batch_invariance_rows(run)]) if batch_invariance_rows(run) else []),
+         _batch_invariance(invariance) if invariance else []),
         ("Plots", [line for caption, name in plots for line in (f"![{caption}]({name})", "")]),
     ]
     lines = [f"## Measurements: {label}", ""]
     for title, body in sections:
         if body:
             lines += [f"### {title}", "", *body]
-    names = {test_property for t in run["tests"] for test_property in (t.get("properties") or {})}
-    missing = [m for m in MEASUREMENTS if m not in names and not (m == "batch_invariance" and batch_invariance_rows(run))]
+    recorded_names = {name for t in run["tests"] for name in (t.get("properties") or {})}
+    if invariance:  # also found under the older per-batch property names
+        recorded_names.add("batch_invariance")
+    missing = [name for name in MEASUREMENTS if name not in recorded_names]
     if missing:
         lines += [f"Not recorded in this run: {', '.join(missing)} (their suites did not run, or were skipped).", ""]
     return lines
 
 
-def _regressions(regressions: list[dict], threshold: float) -> list[str]:
+def _regressions(regressions: list[dict], threshold: float, runs: list[dict]) -> list[str]:
     lines = ["## Regressions against baseline", ""]
     if not regressions:
-        return lines + [f"none beyond {100 * threshold:.0f}%.", ""]
+        # Say so when there was nothing to compare, so "none" is not read as "all held".
+        figures = any(recorded(run, "latency") or recorded(run, "serving") for run in runs)
+        return lines + [f"none beyond {100 * threshold:.0f}%" + ("." if figures else
+                        " (no latency or serving figures in this run to compare)."), ""]
     return lines + [f"{len(regressions)} beyond {100 * threshold:.0f}%:", "",
                     *(f"- {describe_regression(r)}" for r in regressions), ""]
 
@@ -276,7 +285,7 @@ def render_markdown(runs, *, title: str | None = None, plots: dict | None = None
         lines += _run_header(run, label)
     lines += _matrix(runs, labels) + _failures(runs, labels)
     if regressions is not None:
-        lines += _regressions(regressions, threshold)
+        lines += _regressions(regressions, threshold, runs)
     for run, label in zip(runs, labels):
         lines += _measurements(run, label, (plots or {}).get(label, []))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -29,7 +29,7 @@ class Robustness:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
-        if self.poisoned and "engines" in getattr(item, "fixturenames", ()):
+        if self.poisoned and {"engines", "bench_engines"} & set(getattr(item, "fixturenames", ())):
             nodeid, error = self.poisoned
             pytest.skip(f"the CUDA context was poisoned by {nodeid} ({error}); GPU tests after it cannot run")
 

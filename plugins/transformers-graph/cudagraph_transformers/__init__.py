@@ -1,0 +1,1 @@
+"""transformers LlamaForCausalLM with its StaticCache, as runtimes for the conformance suites."""
