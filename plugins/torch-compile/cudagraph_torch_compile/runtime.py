@@ -1,0 +1,62 @@
+"""The reference model's step under torch.compile(mode="reduce-overhead").
+
+PyTorch's CUDA graph trees record a graph per input shape the first time they see it and
+replay it after; they skip graphs when they must (mutated inputs, CPU work, data-dependent
+shapes) and count the skips. There is no capture phase and no padding: every batch size is its
+own shape. A step reports FULL only when no skip has been counted since the step began.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+from harness.protocol import Capabilities, Resolution
+from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class ReferenceCompile(ReferenceRuntime):
+    name = "reference-compile"
+
+    def __init__(self):
+        import torch
+
+        self.version = f"0.1.0 (torch {torch.__version__})"
+        runs = _cuda()
+        self.capabilities = Capabilities(
+            execution=runs, graph_backends=("cuda",) if runs else (), outputs_alias_graph_buffers=False,
+            notes="torch.compile reduce-overhead: graphs recorded lazily per exact shape, no padding, "
+                  "no capture phase" + ("" if runs else "; no CUDA device here, so the execution suites skip"),
+        )
+
+    # No policy questions: the compiler decides what to record, shape by shape.
+    capture_sizes = padded_size = dispatch = resolve_mode = dp_dispatch = None
+
+    def build(self, config):
+        from .runner import CompiledRunner
+        from reference_runtime.engine.runner import RunnerConfig
+
+        runner = CompiledRunner(RunnerConfig(
+            preset=config.preset, dtype=config.dtype, device=config.device, graph_backend="cuda", mode="NONE",
+            attention_backends=tuple(config.attention_backends) or ("static",), seed=config.seed,
+            policy=replace(self._policy(config), mode="NONE"), max_model_len=config.max_model_len))
+        engine = ReferenceEngine(runner)
+        requested = config.mode
+        resolved = "NONE" if requested == "NONE" else "FULL"
+        engine.resolution = Resolution(requested, resolved, () if resolved == requested else (
+            f"cudagraph_mode {requested} -> {resolved}: torch.compile graphs whole steps, lazily, per shape",))
+        for message in engine.resolution.warnings:
+            warnings.warn(message, stacklevel=2)
+        runner.graphs_enabled = resolved != "NONE"
+        return engine
+
+    @staticmethod
+    def _policy(config):
+        from reference_runtime.adapter import to_policy_config
+
+        return to_policy_config(config.policy)
