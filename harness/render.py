@@ -293,14 +293,15 @@ def render_markdown(runs, *, title: str | None = None, plots: dict | None = None
 
 def draw_plots(run: dict, label: str, directory: Path) -> list[tuple[str, str]]:
     """PNG plots for one run into `directory`: (caption, file name) pairs, none without data."""
+    rows, grids = latency_rows(run), distinct(recorded(run, "grid"))
+    if not rows and not grids:
+        return []
     from . import plots  # matplotlib is imported only when there is something to draw
 
     stem, drawn = file_stem(label), []
-    rows = latency_rows(run)
     if rows:
         drawn.append(("step latency vs batch", plots.latency(rows, label, directory / f"latency-{stem}.png").name))
         drawn.append(("speed-up over eager vs batch", plots.speedup(rows, label, directory / f"speedup-{stem}.png").name))
-    grids = distinct(recorded(run, "grid"))
     if grids:
         waste = {grid.get("config", "?"): waste_by_batch(grid["sizes"]) for grid in grids}
         drawn.append(("padding waste vs batch", plots.padding_waste(waste, label, directory / f"padding-waste-{stem}.png").name))

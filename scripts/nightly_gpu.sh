@@ -18,6 +18,7 @@ python -m pytest suites/ --graph-backend cuda -p no:xdist -p no:cacheprovider --
     --report-dir "$out/suites" -q -rs || status=$?
 
 for preset in small medium; do
+    mkdir -p "$out/bench-$preset"
     python -m pytest suites/test_step_latency.py suites/test_serving.py --graph-backend cuda --bench-preset "$preset" \
         --benchmark-only -p no:xdist -p no:cacheprovider --report-dir "$out/bench-$preset" \
         --benchmark-json "$out/bench-$preset/benchmark.json" -q || status=$?

@@ -1,0 +1,344 @@
+"""Self-tests of the report renderer (`harness.render`, `python -m harness.render`).
+
+Runs are small dicts written here with literal numbers, in the shape RunReport writes; every
+expected figure is worked out by hand in a comment, never by the code under test. The last tests
+run real pytest sessions through the installed plugin.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import matplotlib  # noqa: F401  (see below)
+import pytest
+
+from harness import measurements, render
+
+# matplotlib (and numpy) are imported here, at collection, on purpose: an in-process pytester run
+# elsewhere in the session that first imports numpy drops it from sys.modules afterwards, and
+# numpy cannot be imported twice in one process. Imported before any such run, they stay.
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+H200 = "NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0)"
+# vLLM's default grid for max_num_seqs=256 (SPEC 3): [1, 2, 4] + 8..248 step 8 + 256..512 step 16.
+VLLM_GRID_256 = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152, 160,
+                 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 272, 288, 304, 320, 336, 352, 368, 384,
+                 400, 416, 432, 448, 464, 480, 496, 512]
+# (batch, eager ms, PIECEWISE ms, FULL ms, summed eager kernel ms at FULL's shape)
+# eager/FULL: 6.00, 5.00, 2.20, 1.40, 1.0667 -> below 1.5x from 128, below 1.1x from 256.
+LATENCY_SERIES = [(1, 6.0, 4.0, 1.0, 0.8), (8, 6.0, 4.2, 1.2, 1.0), (64, 6.6, 4.6, 3.0, 2.7),
+                  (128, 7.0, 5.6, 5.0, 4.5), (256, 8.0, 7.8, 7.5, 7.0)]
+
+
+def case(nodeid, outcome="passed", **extra) -> dict:
+    return {"nodeid": nodeid, "outcome": outcome, "duration": 0.1, **extra}
+
+
+def measured(name, value, nodeid="suites/test_x.py::test_measure[reference]") -> dict:
+    return case(nodeid, properties={name: value})
+
+
+def make_run(tests, runtime="reference", device=H200, complete=True) -> dict:
+    return {"runtime": runtime, "version": "0.1.0", "capabilities": {"capture_sizes": True, "execution": False},
+            "device": device, "torch": "2.11.0", "python": "3.12.3",
+            "git_commit": "0123456789abcdef0123456789abcdef01234567", "args": ["suites/"], "started": 0.0,
+            "seconds": 12.5, "complete": complete, "summary": dict(Counter(t["outcome"] for t in tests)),
+            "tests": list(tests)}
+
+
+def latency_tests(series=LATENCY_SERIES, runtime="reference") -> list[dict]:
+    tests = []
+    for batch, eager, piecewise, full, floor in series:
+        for mode, ms in (("eager", eager), ("piecewise", piecewise), ("full", full)):
+            tests.append(measured("latency", {
+                "mode": mode, "batch": batch, "padded": batch, "runtime_mode": mode.upper(), "kernel_launches": 10,
+                "graph_launches": 1, "memcpy_calls": 2, "eager_kernel_ms": floor, "step_ms_median": ms,
+                "step_ms_min": ms, "rounds": 30,
+            }, nodeid=f"suites/test_step_latency.py::test_decode_step_latency[{runtime}-{mode}-b={batch}]"))
+    return tests
+
+
+def serving_tests(piecewise_tok_s=1898.67, full_tok_s=1992.27) -> list[dict]:
+    # vLLM PR #20059's FA2 figures: +4.9% output tok/s, mean TPOT 17.08 -> 16.57 ms (-3.0%).
+    def entry(mode, tok_s, tpot):
+        return {"mode": mode, "requests": 100, "seconds": 10.87, "steps": 900, "output_tok_s": tok_s,
+                "total_tok_s": 2 * tok_s, "requests_s": 9.2, "mean_ttft_ms": 78.69, "mean_tpot_ms": tpot,
+                "p99_tpot_ms": 78.21, "mean_itl_ms": 12.83}
+    return [measured("serving", entry("piecewise", piecewise_tok_s, 17.08), "suites/test_serving.py::t[piecewise]"),
+            measured("serving", entry("full_and_piecewise", full_tok_s, 16.57), "suites/test_serving.py::t[fap]")]
+
+
+def render_runs(tmp_path, *runs, **kwargs) -> str:
+    rendered = render.write_report(list(runs), tmp_path, **kwargs)
+    return rendered.markdown.read_text()
+
+
+# -- header and conformance ----------------------------------------------------------------------
+
+
+def test_matrix_has_one_column_per_run_and_readable_cells(tmp_path):
+    reference = make_run([
+        *(case(f"suites/test_padding.py::test_p[reference-{i}]") for i in range(3)),
+        case("suites/test_dispatch.py::test_d[reference-0]", "failed", reason="boom"),
+        case("suites/test_dispatch.py::test_d[reference-1]"),
+        case("suites/test_dispatch.py::test_d[reference-2]"),
+    ])
+    skip = "Skipped: runtime 'myengine' does not declare capability capture_sizes, which the padding suite needs"
+    myengine = make_run([case(f"suites/test_padding.py::test_p[myengine-{i}]", "skipped", reason=skip) for i in range(3)],
+                        runtime="myengine", device="cpu (x86_64), policy only")
+    markdown = render_runs(tmp_path, reference, myengine)
+
+    assert markdown.startswith("# Conformance report: reference 0.1.0, myengine 0.1.0\n")
+    assert "| suite | reference @ H200 | myengine @ cpu |" in markdown
+    assert "| suites/test_dispatch.py | 1 failed, 2 passed | not run |" in markdown
+    # The skip reason loses its "Skipped: " prefix and is cut at 60 characters.
+    assert ("| suites/test_padding.py | 3 passed | skipped (runtime 'myengine' does not declare capability "
+            "capture_sizes…) |") in markdown
+    assert "- complete; 12.5 s; 1 failed, 5 passed" in markdown
+    assert "commit 0123456789ab," not in markdown and "commit 0123456789ab\n" in markdown
+
+
+def test_two_runs_of_one_runtime_on_one_device_get_distinct_columns(tmp_path):
+    run = make_run([case("suites/test_padding.py::test_p[reference]")])
+    assert "| suite | reference @ H200 #1 | reference @ H200 #2 |" in render_runs(tmp_path, run, run)
+
+
+def test_failures_show_the_reason_and_a_reproduction_command(tmp_path):
+    with_line = "\n".join([*(f"frame {i:02d}" for i in range(40)),
+                           "  reproduce: pytest 'suites/test_padding.py::test_p[bad-seqs8]' --runtime tests.broken:Bad"])
+    run = make_run([
+        case("suites/test_padding.py::test_p[bad-seqs8]", "failed", reason=with_line),
+        case("suites/test_fallback.py::test_f[bad]", "error", reason="fixture 'engines' raised"),
+    ], runtime="bad")
+    markdown = render_runs(tmp_path, run)
+
+    assert "### suites/test_padding.py::test_p[bad-seqs8]" in markdown
+    assert "```sh\npytest 'suites/test_padding.py::test_p[bad-seqs8]' --runtime tests.broken:Bad\n```" in markdown
+    # The last 25 lines of the reason: frames 16..39 and the reproduce line.
+    assert "frame 16" in markdown and "frame 15" not in markdown
+    # Without a "reproduce:" line the command is built from the node id and the runtime.
+    assert "error; reproduce:" in markdown
+    assert "```sh\npytest 'suites/test_fallback.py::test_f[bad]' --runtime bad\n```" in markdown
+
+
+def test_an_incomplete_run_says_so(tmp_path):
+    markdown = render_runs(tmp_path, make_run([case("suites/test_padding.py::test_p[reference]")], complete=False))
+    assert "> INCOMPLETE: reference @ H200 stopped early" in markdown
+    assert "- INCOMPLETE (the run stopped early); 12.5 s; 1 passed" in markdown
+
+
+# -- measurements --------------------------------------------------------------------------------
+
+
+def test_padding_section_for_vllms_grid(tmp_path):
+    markdown = render_runs(tmp_path, make_run([measured("grid", {"config": "max_num_seqs=256", "sizes": VLLM_GRID_256})]))
+    assert "Grid `max_num_seqs=256`: 51 sizes, largest 512; worst waste 43.75% (batch 9 -> 16)." in markdown
+    assert "SPEC check: batch 500 -> padded 512, waste 12 tokens (2.34%)" in markdown
+    assert "| 5..8 | 8 | 3 | 37.50% |" in markdown  # 3 of 8 rows padding at batch 5
+    assert "| 497..512 | 512 | 15 | 2.93% |" in markdown  # 15 / 512
+    assert "| 1 | 1 | 0 | 0.00% |" in markdown
+
+
+def test_batch_500_above_a_small_grid_runs_eager():
+    assert measurements.waste_line([1, 2, 4, 8]) == "batch 500 -> above the largest size 8: runs eager, unpadded"
+
+
+def test_resolution_table_always_has_the_four_support_columns(tmp_path):
+    def resolved(requested, support, result, variant="default"):
+        return measured("resolution", {"variant": variant, "requested": requested, "support": support,
+                                       "resolved": result}, nodeid=f"suites/test_mode_resolution.py::t[{requested}-{support}-{variant}]")
+    run = make_run([
+        resolved("FULL", "ALWAYS", "FULL"), resolved("FULL", "UNIFORM_BATCH", "FULL_AND_PIECEWISE"),
+        resolved("FULL", "NEVER", "error"), resolved("NONE", "NEVER", "NONE"),
+        resolved("PIECEWISE", "NEVER", "NONE", variant="no attention in splitting_ops"),
+    ])
+    markdown = render_runs(tmp_path, run)
+    assert ("| requested \\ support | ALWAYS | UNIFORM_BATCH | UNIFORM_SINGLE_TOKEN_DECODE | NEVER |\n"
+            "|---|---|---|---|---|\n"
+            "| NONE | — | — | — | NONE |\n"
+            "| FULL | FULL | FULL_AND_PIECEWISE | — | error |\n") in markdown
+    assert "Variant `no attention in splitting_ops`" in markdown
+    assert "| requested \\ support | NEVER |\n|---|---|\n| PIECEWISE | NONE |\n" in markdown
+
+
+def test_latency_table_headline_and_crossover(tmp_path):
+    run = make_run([*latency_tests(), measured("batch1_speedup", {"eager_ms": 6.0, "full_ms": 1.0, "speedup": 6.0})])
+    markdown = render_runs(tmp_path, run)
+
+    assert "- eager / FULL speed-up: 6.00x at batch 1, 2.20x at batch 64, 1.07x at batch 256" in markdown
+    assert "- FULL replay at batch 1 = 1.25x the summed GPU kernel time of an eager step" in markdown  # 1.0 / 0.8
+    assert "- crossover: eager / FULL below 1.5x from batch 128" in markdown  # 7.0 / 5.0 = 1.40
+    assert "- crossover: eager / FULL below 1.1x from batch 256" in markdown  # 8.0 / 7.5 = 1.07
+    assert "Batch-1 check: eager 6.000 ms, FULL 1.000 ms, 6.00x." in markdown
+    assert "| 64 | 64 | 6.600 | 4.600 | 3.000 | 2.700 | 2.20x | 1.11x |" in markdown
+
+
+def test_crossover_not_reached_when_graphs_always_pay(tmp_path):
+    steady = [(1, 6.0, 4.0, 1.0, 0.8), (256, 9.0, 8.5, 6.0, 5.5)]  # 6.00x and 1.50x: never below 1.5x
+    rows = measurements.latency_rows(make_run(latency_tests(steady)))
+    assert [measurements.crossover(rows, 1.5), measurements.crossover(rows, 1.1)] == [None, None]
+    markdown = render_runs(tmp_path, make_run(latency_tests(steady)))
+    assert "- crossover: eager / FULL below 1.5x not reached" in markdown
+    assert "- crossover: eager / FULL below 1.1x not reached" in markdown
+
+
+def test_capture_launches_serving_and_batch_invariance_sections(tmp_path):
+    capture = {"mode": "FULL_AND_PIECEWISE", "preset": "small", "graphs": {"FULL": 35, "PIECEWISE": 459},
+               "seconds": 2.02, "memory_bytes": 1495269376}  # 1495269376 / 2**30 = 1.39 GiB
+    launches = {"batch": 4, "NONE": {"kernels": 163, "graphs": None, "copies": 4},
+                "FULL": {"kernels": 0, "graphs": None, "copies": 4}}
+    invariance = [{"batch": 5, "padded": 8, "mode": "FULL", "difference": 1e-6},
+                  {"batch": 7, "padded": 8, "mode": "FULL", "difference": 3e-6}]
+    run = make_run([measured("capture", capture, "suites/test_capture_accounting.py::t[a]"),
+                    measured("capture", capture, "suites/test_capture_accounting.py::t[b]"),  # the same: one row
+                    measured("launches", launches), measured("batch_invariance", invariance), *serving_tests()])
+    markdown = render_runs(tmp_path, run)
+
+    assert "| FULL_AND_PIECEWISE | small | 35 | 459 | 2.02 | 1.39 |" in markdown
+    assert markdown.count("| FULL_AND_PIECEWISE | small |") == 1
+    assert "| 4 | NONE | 163 | n/a (no CUDA) | 4 |" in markdown
+    assert ("| mode | requests | duration (s) | steps | req/s | output tok/s | total tok/s | mean TTFT (ms) | "
+            "mean TPOT (ms) | P99 TPOT (ms) | mean ITL (ms) |") in markdown
+    assert "| piecewise | 100 | 10.87 | 900 | 9.20 | 1,898.67 | 3,797.34 | 78.69 | 17.08 | 78.21 | 12.83 |" in markdown
+    assert "FULL_AND_PIECEWISE vs PIECEWISE: output tok/s +4.9%, mean TPOT -3.0%" in markdown
+    assert "| 8 | FULL | 5, 7 | 3e-06 |" in markdown
+    assert "Not recorded in this run: grid, resolution, latency, batch1_speedup." in markdown.replace(
+        " (their suites did not run, or were skipped)", "")
+
+
+def test_batch_invariance_from_the_older_per_batch_properties(tmp_path):
+    # Reports written before the suite recorded one list carry one scalar per batch, named for it.
+    old = case("suites/test_batch_invariance.py::t[reference]", properties={
+        "batch_invariance b=5 pad=8 FULL": 2e-6, "batch_invariance b=6 pad=8 FULL": 0.0})
+    assert "| 8 | FULL | 5, 6 | 2e-06 |" in render_runs(tmp_path, make_run([old]))
+
+
+def test_plots_are_png_files_linked_from_the_markdown(tmp_path):
+    run = make_run([*latency_tests(), measured("grid", {"config": "max_num_seqs=256", "sizes": VLLM_GRID_256})])
+    rendered = render.write_report([run], tmp_path)
+    names = ["latency-reference-H200.png", "speedup-reference-H200.png", "padding-waste-reference-H200.png"]
+    assert sorted(p.name for p in rendered.plots) == sorted(names)
+    markdown = rendered.markdown.read_text()
+    for name in names:
+        assert (tmp_path / name).read_bytes()[:8] == PNG_SIGNATURE
+        assert f"]({name})" in markdown
+
+
+def test_no_plots_without_latency_or_grid(tmp_path):
+    render.write_report([make_run([case("suites/test_dispatch.py::test_d[reference]")])], tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+
+
+# -- baseline ------------------------------------------------------------------------------------
+
+
+def test_compare_flags_a_20_percent_slowdown_and_not_a_5_percent_one(tmp_path):
+    baseline = make_run([*latency_tests([(1, 6.0, 4.0, 1.0, 0.8)]), *serving_tests(2000.0, 2000.0)])
+    # FULL at batch 1: 1.0 -> 1.2 ms (20% slower); eager 6.0 -> 6.3 ms (5%); PIECEWISE unchanged.
+    # Serving: piecewise 2000 -> 1900 tok/s (5% lower), full_and_piecewise 2000 -> 1600 (20% lower).
+    current = make_run([*latency_tests([(1, 6.3, 4.0, 1.2, 0.8)]), *serving_tests(1900.0, 1600.0)])
+    regressions = render.compare([current], [baseline], threshold=0.10)
+
+    assert [(r["kind"], r["mode"], r["batch"], r["metric"]) for r in regressions] == [
+        ("latency", "full", 1, "step_ms_median"), ("serving", "full_and_piecewise", None, "output_tok_s")]
+    assert [round(r["change"], 6) for r in regressions] == [0.2, 0.2]
+    markdown = render_runs(tmp_path, current, regressions=regressions)
+    assert "## Regressions against baseline" in markdown
+    assert "- reference @ H200: latency full batch 1: step_ms_median 1.000 -> 1.200 (20.0% worse)" in markdown
+
+
+def test_no_regression_beyond_the_threshold_is_said_plainly(tmp_path):
+    run = make_run(latency_tests([(1, 6.0, 4.0, 1.0, 0.8)]))
+    assert render.compare([run], [run]) == []
+    assert "## Regressions against baseline\n\nnone beyond 10%." in render_runs(tmp_path, run, regressions=[])
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def write_json(path, data) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_cli_writes_summary_and_fails_on_regression(tmp_path, capsys):
+    baseline = write_json(tmp_path / "base.json", make_run(latency_tests([(1, 6.0, 4.0, 1.0, 0.8)])))
+    current = write_json(tmp_path / "run.json", make_run(latency_tests([(1, 6.0, 4.0, 1.2, 0.8)])))
+    out = tmp_path / "out"
+
+    assert render.main([current, "--out", str(out), "--baseline", baseline, "--title", "Nightly"]) == 0
+    assert capsys.readouterr().out == f"{out / 'summary.md'}\n"
+    assert (out / "summary.md").read_text().startswith("# Nightly\n")
+    assert render.main([current, "--out", str(out), "--baseline", baseline, "--fail-on-regression"]) == 1
+    assert "regression: reference @ H200: latency full batch 1" in capsys.readouterr().err
+    assert render.main([current, "--out", str(out), "--baseline", baseline, "--threshold", "0.25",
+                        "--fail-on-regression"]) == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read run report"), ("{not json", "is not valid JSON"), ('{"a": 1}', "is not a conformance run report"),
+], ids=["missing", "invalid-json", "not-a-report"])
+def test_cli_exits_2_on_a_bad_run_file(tmp_path, capsys, content, message):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    assert render.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_python_dash_m_harness_render(tmp_path):
+    run = write_json(tmp_path / "run.json", make_run([case("suites/test_padding.py::test_p[reference]")]))
+    done = subprocess.run([sys.executable, "-m", "harness.render", run, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, str(tmp_path / "out" / "summary.md")), done.stderr
+    missing = subprocess.run([sys.executable, "-m", "harness.render", str(tmp_path / "nope.json"), "--out", "x"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.json" in missing.stderr
+
+
+# -- through the plugin --------------------------------------------------------------------------
+
+
+GRID_TEST = f"""
+def test_grid(record_property):
+    record_property("grid", {{"config": "max_num_seqs=256", "sizes": {VLLM_GRID_256!r}}})
+"""
+
+
+def test_a_real_run_renders_the_padding_section(pytester):
+    pytester.makepyfile(GRID_TEST)
+    # A subprocess: the plugin and the reference runtime come from the installed entry points.
+    result = pytester.runpytest_subprocess("--report-dir", "out")
+    assert result.ret == 0
+    markdown = (pytester.path / "out" / "conformance-reference.md").read_text()
+    assert "### Padding" in markdown and "51 sizes, largest 512" in markdown
+    assert "SPEC check: batch 500 -> padded 512, waste 12 tokens (2.34%)" in markdown
+    (plot,) = (pytester.path / "out").glob("padding-waste-reference-*.png")
+    assert plot.read_bytes()[:8] == PNG_SIGNATURE and f"]({plot.name})" in markdown
+
+
+def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
+    baseline = make_run(latency_tests([(1, 6.0, 4.0, 1.0, 0.8)]))
+    write_json(pytester.path / "base.json", baseline)
+    # The same FULL entry at batch 1, 50% slower; the test itself passes.
+    pytester.makepyfile(f"""
+        def test_latency(record_property):
+            record_property("latency", {{"mode": "full", "batch": 1, "step_ms_median": 1.5}})
+    """)
+    result = pytester.runpytest_subprocess("--report-dir", "out", "--baseline", "base.json", "--fail-on-regression")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*regressions against baseline (beyond 10%)*",
+                                 "reference @ *: latency full batch 1: step_ms_median 1.000 -> 1.500 (50.0% worse)"])
+    assert "## Regressions against baseline" in (pytester.path / "out" / "conformance-reference.md").read_text()
+    # Without --fail-on-regression the regression is reported and the run still passes.
+    assert pytester.runpytest_subprocess("--baseline", "base.json").ret == 0
+
+
+def test_a_missing_baseline_is_a_usage_error(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess("--baseline", "nope.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--baseline: cannot read run report nope.json*"])
