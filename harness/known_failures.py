@@ -6,6 +6,7 @@ TOML, one table per entry::
     test = "suites/test_padding.py::test_padded_rows_write_no_kv_slot*"
     category = "notyet"      # notimpl | notyet | never
     reason = "padded rows write slot 0; fix tracked in engine#123"
+    graph_backends = ["cuda"]  # optional: only where the suites run on these graph backends
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ class KnownFailure:
     category: str
     reason: str
     source: str  # file:entry number, for messages
+    graph_backends: tuple[str, ...] = ()  # empty: everywhere
+
+    def applies_to(self, graph_backend: str) -> bool:
+        return not self.graph_backends or graph_backend in self.graph_backends
 
     def matches(self, nodeid: str) -> bool:
         return fnmatch.fnmatchcase(nodeid, self.test) or nodeid == self.test
@@ -70,7 +75,11 @@ def load(path: str | Path) -> list[KnownFailure]:
             )
         if not str(raw["reason"]).strip():
             raise KnownFailuresError(f"{where} has an empty reason; say why the runtime fails")
-        entries.append(KnownFailure(str(raw["test"]), raw["category"], str(raw["reason"]).strip(), where))
+        backends = raw.get("graph_backends", [])
+        if not isinstance(backends, list) or not set(backends) <= {"cuda", "emulated"}:
+            raise KnownFailuresError(f"{where}: graph_backends must be a list of 'cuda' and 'emulated', got {backends!r}")
+        entries.append(KnownFailure(str(raw["test"]), raw["category"], str(raw["reason"]).strip(), where,
+                                    tuple(backends)))
     return entries
 
 

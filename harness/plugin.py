@@ -86,6 +86,9 @@ def pytest_configure(config):
             entries.extend(kf.load(path))
     except kf.KnownFailuresError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if any(e.graph_backends for e in entries):  # device-specific entries: keep those for this run's backend
+        backend = config.getoption("graph_backend") or ("cuda" if _cuda_available() else "emulated")
+        entries = [e for e in entries if e.applies_to(backend)]
     config.stash[KNOWN_KEY] = (entries, set())
     _load_default_hypothesis_profile(config)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run writes the report

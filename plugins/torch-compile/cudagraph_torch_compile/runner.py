@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_runtime.engine.runner import CaptureSummary, ModelRunner, StepOutput
+from reference_runtime.engine.runner import CaptureSummary, CUDAGraphMode, ModelRunner, StepOutput
 
 
 def _skips() -> int:
@@ -43,11 +43,11 @@ class CompiledRunner(ModelRunner):
 
     def step(self, requests, padding_fill=None):
         n = sum(len(r.token_ids) for r in requests)
-        return self._run(requests, None, n, None, None, padding_fill)
+        return self._run(requests, CUDAGraphMode.NONE, n, None, None, padding_fill)
 
     def eager_step(self, requests, padded_num_tokens):
         enabled, self.graphs_enabled = self.graphs_enabled, False
         try:
-            return super()._run(requests, None, padded_num_tokens, None, None)
+            return super()._run(requests, CUDAGraphMode.NONE, padded_num_tokens, None, None)
         finally:
             self.graphs_enabled = enabled

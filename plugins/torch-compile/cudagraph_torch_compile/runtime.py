@@ -10,8 +10,12 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+from pathlib import Path
+
 from harness.protocol import Capabilities, Resolution
 from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime
+
+KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 
 
 def _cuda() -> bool:
@@ -28,6 +32,7 @@ class ReferenceCompile(ReferenceRuntime):
 
         self.version = f"0.1.0 (torch {torch.__version__})"
         runs = _cuda()
+        self.known_failures = KNOWN_FAILURES
         self.capabilities = Capabilities(
             execution=runs, graph_backends=("cuda",) if runs else (), outputs_alias_graph_buffers=False,
             notes="torch.compile reduce-overhead: graphs recorded lazily per exact shape, no padding, "

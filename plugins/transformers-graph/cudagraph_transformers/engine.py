@@ -84,14 +84,13 @@ class StaticCacheEngine:
         # Positions this step writes again (a re-run step) retire their old columns; compacting
         # then puts every row's live tokens back in position order, so a re-run sees the same
         # layout as the first run and computes the same bits.
-        retired = False
         for row, request in zip(rows, requests):
             seen = self.column_of[row]
             for position in [p for p in seen if p >= request.context_len]:
                 self.position_of_column[row, seen.pop(position)] = -1
-                retired = True
-        if retired or self.next_column + width > self.columns:
-            self._compact()
+        # Compacting every step keeps each row's layout canonical (position order from column 0),
+        # so a step computes the same bits however the cache was filled before it.
+        self._compact()
         if self.next_column + width > self.columns:
             raise RuntimeError(f"StaticCache is full: {self.columns} columns; raise max_model_len or kv_tokens")
         start = self.next_column
@@ -146,6 +145,11 @@ class StaticCacheEngine:
     def _compact(self):
         """Move every row's live columns to the front, in place (graphs keep their addresses)."""
         live = [(row, sorted(cols.items())) for row, cols in self.column_of.items()]
+        if all(c == i for _, cols in live for i, (_, c) in enumerate(cols)):
+            self.next_column = max((len(cols) for _, cols in live), default=0)
+            return  # already canonical
+        if not all(getattr(layer, "is_initialized", True) and layer.keys is not None for layer in self.cache.layers):
+            return  # nothing written yet
         width = max((len(cols) for _, cols in live), default=0)
         for layer in self.cache.layers:
             for tensor in (layer.keys, layer.values):
