@@ -76,6 +76,7 @@ class StaticCacheEngine:
         self.capture_summary = None
         self.compiled = None
         self.compile_skips = 0
+        self.graphs_on = resolution.resolved != "NONE"  # a mode resolved to NONE captures nothing
 
     # -- layout ------------------------------------------------------------------------------
     def _layout(self, requests):
@@ -172,7 +173,7 @@ class StaticCacheEngine:
         start_time = time.perf_counter()
         free_before = torch.cuda.mem_get_info()[0] if self.device.type == "cuda" else None
         graphs = 0
-        if self.graph == "manual":
+        if self.graph == "manual" and self.graphs_on:
             graphs = self._capture_decode_graph()
         seconds = time.perf_counter() - start_time
         memory = None if free_before is None else free_before - torch.cuda.mem_get_info()[0]
@@ -233,7 +234,7 @@ class StaticCacheEngine:
             self.buffers["cache_position"].fill_(start)
             self.decode_graph.replay()
             logits, mode = self.graph_output, "FULL"
-        elif decode and self.graph == "compile":
+        elif decode and self.graph == "compile" and self.graphs_on:
             logits, mode = self._compiled_decode(ids, positions, start)
         else:
             logits = self._forward(ids, positions, start, width)

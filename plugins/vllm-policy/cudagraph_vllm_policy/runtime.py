@@ -1,0 +1,211 @@
+"""The `vllm-policy` runtime: the installed vLLM's own graph policy behind the harness protocol.
+
+Every answer comes from vLLM's code, called as vLLM's V1 GPU model runner calls it:
+
+- capture sizes: `VllmConfig.__post_init__` (`_set_cudagraph_sizes`) and then
+  `CompilationConfig.resolve_cudagraph_mode_and_sizes` (which rounds sizes to multiples of q
+  under FULL decode graphs), as `GPUModelRunner._check_and_update_cudagraph_mode` does;
+- padding and dispatch: `CudagraphDispatcher.initialize_cudagraph_keys` and `dispatch`;
+- mode resolution: `VllmConfig.__post_init__` (splitting ops, compilation mode) and then
+  `resolve_cudagraph_mode_and_sizes` for the weakest backend's `AttentionCGSupport`;
+- data parallel: the per-rank dispatch, vLLM's post-processing of the DP all-reduce
+  (`vllm.v1.worker.dp_utils`) and the re-dispatch of `_determine_batch_execution_and_padding`.
+
+Without a GPU vLLM picks a platform without graphs, so `_stand_in` answers the device queries
+(graph support, capability, name, memory) as an H200 (platform max 512) or a B200 (1024) would,
+for the length of one question. Nothing else is patched. vLLM is imported when the runtime is built, never at import time, so
+listing runtimes stays cheap where vLLM is absent.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+from harness import protocol as p
+
+from . import __version__
+
+HERE = Path(__file__).resolve().parent
+MODEL_DIR = HERE / "tiny_llama"  # a config.json only: ModelConfig needs an architecture, never weights
+KNOWN_FAILURES = HERE.parent / "known_failures.toml"
+GiB = 1 << 30
+# platform_max -> (capability, name, total memory as torch reports it, about)
+DEVICES = {512: ((9, 0), "NVIDIA H200", 139 * GiB), 1024: ((10, 0), "NVIDIA B200", 179 * GiB)}
+
+
+class _Warnings(logging.Handler):
+    """Collects vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it
+    answers one question; its other warnings (e.g. "Inductor compilation was disabled") and its
+    INFO lines are not warnings about the graph mode."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        if "cudagraph" in record.getMessage().lower():
+            self.messages.append(record.getMessage())
+
+
+class VllmPolicyRuntime:
+    name = "vllm-policy"
+    known_failures = str(KNOWN_FAILURES)
+    capabilities = p.Capabilities(
+        capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True,
+        lora=True, speculative=True,
+        notes=("policy only, answered by the installed vLLM's V1-runner code (no GPU, no model weights); "
+               "stood in: the platform's device queries (graph support, capability 9.0 or 10.0 for "
+               "platform_max 512 or 1024, device name, total memory); speculative = ngram; an eager "
+               "dispatch echoes the batch (vLLM's eager BatchDescriptor carries num_tokens only); "
+               "vLLM's config assertions are reported as ValueError"),
+    )
+
+    def __init__(self):
+        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
+        from vllm.config import ModelConfig
+
+        self.version = f"{__version__} (vLLM {vllm.__version__})"
+        self._model = ModelConfig(model=str(MODEL_DIR), skip_tokenizer_init=True, dtype="float32")
+        self._dispatcher = lru_cache(maxsize=256)(self._build_dispatcher)
+
+    # -- vLLM configs --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _vllm(self, platform_max: int = 512):
+        """Stand in for the device, collect vLLM's warnings, and turn its config assertions
+        into ValueError (the protocol's rejection)."""
+        from vllm import logger as vllm_logger
+        from vllm.platforms import current_platform
+
+        capability, device_name, memory = DEVICES[platform_max]
+        real = type(current_platform)
+        current_platform.__class__ = _stand_in(real, capability, device_name, memory)
+        vllm_logger._print_warning_once.cache_clear()  # each question is a fresh vLLM start
+        handler = _Warnings()
+        logging.getLogger("vllm").addHandler(handler)
+        try:
+            yield handler.messages
+        except AssertionError as exc:
+            raise ValueError(f"vLLM rejects the config: {exc}") from exc
+        finally:
+            logging.getLogger("vllm").removeHandler(handler)
+            current_platform.__class__ = real
+
+    def _vllm_config(self, config: p.PolicyConfig, cudagraph_mode: str, **compilation):
+        from vllm.config import (CompilationConfig, DeviceConfig, LoRAConfig, SchedulerConfig,
+                                 SpeculativeConfig, VllmConfig)
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        tokens = config.max_num_batched_tokens
+        if tokens is None:  # what `vllm serve` picks for this device
+            tokens = EngineArgs.get_batch_defaults(world_size=1)[0][UsageContext.OPENAI_API_SERVER]
+        speculative = None
+        if config.num_speculative_tokens:
+            speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=config.num_speculative_tokens,
+                                            prompt_lookup_min=1, prompt_lookup_max=3)
+        if config.capture_sizes is not None:
+            compilation["cudagraph_capture_sizes"] = list(config.capture_sizes)
+        if config.max_capture_size is not None:
+            compilation["max_cudagraph_capture_size"] = config.max_capture_size
+        lora = None
+        if config.max_loras:
+            lora = LoRAConfig(max_loras=config.max_loras, specialize_active_lora=config.specialize_active_loras)
+        return VllmConfig(
+            model_config=self._model,
+            scheduler_config=SchedulerConfig(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=tokens,
+                                             max_model_len=self._model.max_model_len, is_encoder_decoder=False),
+            compilation_config=CompilationConfig(cudagraph_mode=cudagraph_mode,
+                                                 cudagraph_specialize_lora=config.specialize_lora, **compilation),
+            speculative_config=speculative, lora_config=lora, device_config=DeviceConfig(device="cpu"),
+        )
+
+    def _build_dispatcher(self, config: p.PolicyConfig):
+        """vLLM's dispatcher for a config, keys initialised as the V1 runner does for a backend
+        that supports every batch (ALWAYS): `config.mode` is already the resolved mode."""
+        from vllm.v1.attention.backend import AttentionCGSupport
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        with self._vllm(config.platform_max):
+            vllm_config = self._vllm_config(config, config.mode)
+            dispatcher = CudagraphDispatcher(vllm_config)
+            mode = vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
+                AttentionCGSupport.ALWAYS, None, config.query_len, use_v2_model_runner=False)
+            dispatcher.initialize_cudagraph_keys(mode, config.query_len)
+        return dispatcher
+
+    # -- policy --------------------------------------------------------------------------
+    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
+        return list(self._dispatcher(config).compilation_config.cudagraph_capture_sizes)
+
+    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+        dispatcher = self._dispatcher(config)
+        table = getattr(dispatcher, "_bs_to_padded_graph_size", None)  # built only when graphs are on
+        return table[num_tokens] if table is not None and num_tokens < len(table) else None
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        return self._dispatch(self._dispatcher(config), num_tokens, num_reqs, uniform, num_active_loras)
+
+    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
+        from vllm.config import CompilationMode
+        from vllm.v1.attention.backend import AttentionCGSupport
+
+        if request.splitting_ops_empty:  # VLLM_COMPILE (-O2) with nothing to split at
+            options = dict(splitting_ops=[])
+        elif not request.attention_in_splitting_ops:  # no piecewise compilation: the forward is not split
+            options = dict(mode=CompilationMode.NONE)
+        else:  # the default: VLLM_COMPILE, splitting at the attention ops
+            options = {}
+        config = p.PolicyConfig(num_speculative_tokens=request.num_speculative_tokens)
+        with self._vllm() as warnings:
+            compilation = self._vllm_config(config, request.mode, **options).compilation_config
+            resolved = compilation.resolve_cudagraph_mode_and_sizes(
+                AttentionCGSupport[request.support], "the weakest", config.query_len, use_v2_model_runner=False)
+        return p.Resolution(request.mode, resolved.name, tuple(warnings))
+
+    def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
+        """Each rank dispatches alone; the ranks' all-reduce (one column per rank, summed) goes
+        through vLLM's post-processing; each rank re-dispatches at its agreed size and mode."""
+        import torch
+        from vllm.config import CUDAGraphMode
+        from vllm.v1.worker import dp_utils
+
+        dispatcher = self._dispatcher(config)
+        local = [self._dispatch(dispatcher, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        if len(ranks) == 1:  # coordinate_batch_across_dp returns early at data_parallel_size 1
+            return local
+        reduced = torch.zeros(4, len(ranks), dtype=torch.int32)  # the layout of dp_utils._run_ar
+        for i, (rank, mine) in enumerate(zip(ranks, local)):
+            reduced[0][i], reduced[1][i] = rank.num_tokens, mine.descriptor.num_tokens
+            reduced[3][i] = CUDAGraphMode[mine.runtime_mode].value
+        synced_mode = dp_utils._post_process_cudagraph_mode(reduced)
+        sizes = dp_utils._post_process_dp_padding(reduced, should_dp_pad=synced_mode != 0)
+        return [self._dispatch(dispatcher, int(sizes[i]), rank.num_reqs, rank.uniform,
+                               valid_modes={CUDAGraphMode(synced_mode)}) for i, rank in enumerate(ranks)]
+
+    # -- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
+        mode, key = dispatcher.dispatch(num_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
+                                        num_active_loras=num_active_loras, valid_modes=valid_modes)
+        if mode.name == "NONE":
+            # vLLM's eager key is BatchDescriptor(num_tokens): no graph is looked up, so the batch's
+            # own request count and flags are echoed; the token count stays vLLM's.
+            return p.Dispatch("NONE", p.Descriptor(key.num_tokens, num_reqs, uniform, num_active_loras > 0,
+                                                   num_active_loras))
+        return p.Dispatch(mode.name, p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora,
+                                                  key.num_active_loras))
+
+
+@lru_cache(maxsize=None)
+def _stand_in(platform: type, capability: tuple[int, int], device_name: str, memory: int) -> type:
+    """The platform vLLM picked, answering the device queries as a GPU with graphs would."""
+    from vllm.platforms.interface import DeviceCapability
+
+    return type(f"{platform.__name__}As{device_name.split()[-1]}", (platform,), {
+        "support_static_graph_mode": classmethod(lambda cls: True),
+        "get_device_capability": classmethod(lambda cls, device_id=0: DeviceCapability(*capability)),
+        "get_device_name": classmethod(lambda cls, device_id=0: device_name),
+        "get_device_total_memory": classmethod(lambda cls, device_id=0: memory),
+    })
