@@ -38,9 +38,11 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
     if config.mode == "NONE":
         return []  # nothing is captured
     if config.capture_sizes is not None:
+        if not config.capture_sizes:
+            raise ValueError("an empty list of user sizes")
         chosen = {s for s in config.capture_sizes if s <= tokens}
         if not chosen:
-            raise ValueError("no user size fits")
+            return []  # every given size is above the token budget: no graphs
         if config.max_capture_size is not None and config.max_capture_size != max(chosen):
             raise ValueError("user max inconsistent with user sizes")
     else:
@@ -115,7 +117,7 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
 def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset({"NONE", "PIECEWISE", "FULL"})) -> Dispatch:
     """SPEC 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
-    eager = Dispatch("NONE", Descriptor(num_tokens, num_reqs, uniform, num_active_loras > 0, num_active_loras))
+    eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
     sizes = capture_sizes(config)
@@ -145,8 +147,8 @@ def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
         return local
     order = ["NONE", "PIECEWISE", "FULL"]
     agreed = min((d.runtime_mode for d in local), key=order.index)
-    if agreed == "NONE":
-        return [dispatch(config, r.num_tokens, r.num_reqs, r.uniform, allowed=frozenset({"NONE"})) for r in ranks]
+    if agreed == "NONE":  # no data-parallel padding; each rank runs eager at its own dispatched size
+        return [Dispatch("NONE", Descriptor(d.descriptor.num_tokens)) for d in local]
     size = max(d.descriptor.num_tokens for d in local)
     return [dispatch(config, size, None, r.uniform and size % config.query_len == 0, allowed=frozenset({agreed}))
             for r in ranks]

@@ -49,7 +49,10 @@ def test_spec_counts(runtime, config, count, largest):
     (PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1), [2, 4]),  # 6 is above the max (5): dropped
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
-], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded", "user-q2-piecewise-unrounded"])
+    # Every given size above max_num_batched_tokens: nothing is captured, every batch runs eager.
+    (PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
+], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded", "user-q2-piecewise-unrounded",
+    "no-user-size-fits"])
 def test_spec_examples(runtime, config, expected):
     expect_equal(list(runtime.capture_sizes(config)), expected, invariant=INVARIANT, runtime=runtime,
                  what="capture sizes", case=config)
@@ -66,11 +69,11 @@ def test_user_max_is_truncated_to_the_grid(runtime, user_max, largest):
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
 @pytest.mark.parametrize("config,mentions", [
-    (PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), ("capture_sizes",)),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 8), max_capture_size=4), ("max_capture_size",)),
+    (PolicyConfig(max_num_seqs=8, capture_sizes=()), ("capture_sizes",)),
+    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 8), max_capture_size=4), ("capture_size",)),
     (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=32), ("max_num_batched_tokens", "max_num_seqs")),
     (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3), ()),
-], ids=["no-user-size-fits", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q"])
+], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q"])
 def test_bad_configs_are_rejected(runtime, config, mentions):
     expect_error(lambda: runtime.capture_sizes(config), invariant=INVARIANT, runtime=runtime,
                  what="an impossible config must be rejected", case=config, mentions=mentions)

@@ -183,6 +183,12 @@ def test_dispatch_uniform_decode_full(capsys):
     assert data == {"runtime_mode": "FULL", "descriptor": desc(8, 8, uniform=True)}
 
 
+def test_user_sizes_above_the_token_budget_capture_nothing(capsys):
+    # As vLLM: the given sizes are filtered to <= max_num_batched_tokens; none left means no graphs.
+    data = ok_json(capsys, "sizes", "--max-num-seqs", "8", "--max-num-batched-tokens", "16", "--sizes", "32")
+    assert data == {"sizes": [], "count": 0, "max_capture_size": 0}
+
+
 def test_dispatch_mixed_piecewise(capsys):
     data = ok_json(capsys, "dispatch", "--num-tokens", "5")
     assert data == {"runtime_mode": "PIECEWISE", "descriptor": desc(8, None)}
@@ -190,7 +196,7 @@ def test_dispatch_mixed_piecewise(capsys):
 
 def test_dispatch_above_max_is_eager_unpadded(capsys):
     data = ok_json(capsys, "dispatch", "--num-tokens", "600", "--num-reqs", "200")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(600, 200)}
+    assert data == {"runtime_mode": "NONE", "descriptor": desc(600, None)}  # eager steps are not keyed
 
 
 def test_dispatch_plain_full_uses_mixed_keys(capsys):
@@ -200,12 +206,12 @@ def test_dispatch_plain_full_uses_mixed_keys(capsys):
 
 def test_dispatch_full_decode_only_mixed_runs_eager(capsys):
     data = ok_json(capsys, "dispatch", "--mode", "FULL_DECODE_ONLY", "--num-tokens", "5")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, 5)}
+    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, None)}
 
 
 def test_dispatch_mode_none(capsys):
     data = ok_json(capsys, "dispatch", "--mode", "none", "--num-tokens", "5", "--uniform")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, 5, uniform=True)}
+    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, None)}
 
 
 def test_dispatch_speculative_uniform_default_num_reqs(capsys):
@@ -337,7 +343,6 @@ BAD = [
     (["sizes", "--sizes", "1,x,4"], "comma-separated"),
     (["sizes", "--sizes", "0,2"], "comma-separated"),
     (["sizes", "--sizes", "1,2,4", "--max-capture-size", "8"], "max_capture_size"),
-    (["sizes", "--max-num-seqs", "8", "--max-num-batched-tokens", "16", "--sizes", "32"], "1..16"),
     (["sizes", "--max-num-seqs", "1", "--num-speculative-tokens", "600"], "601"),
     (["sizes", "--bogus"], "unrecognized"),
     ([], "required"),

@@ -2,7 +2,8 @@
 
 Each rank dispatches its own batch; the ranks agree on the lowest runtime mode among them.
 Under a graph mode every rank pads to the largest padded size and re-dispatches allowing
-only the agreed mode, so no rank ever moves to a higher mode. Under NONE nobody pads.
+only the agreed mode, so no rank ever moves to a higher mode. Under NONE there is no padding
+across ranks: each runs eagerly at the size its own dispatch chose (vLLM's dp_utils).
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def dp_dispatch(
         return local
     agreed = min((mode for mode, _ in local), key=RUNTIME_MODE_RANK.__getitem__)
     if agreed is CUDAGraphMode.NONE:
-        return [dispatcher.dispatch(n, r, u, allowed_modes=frozenset({agreed})) for n, r, u in ranks]
+        # vLLM pads across ranks only under a graph mode; each rank re-dispatches eagerly at the size
+        # its own dispatch chose (padded if it had a graph there).
+        return [dispatcher.dispatch(key.num_tokens, None, False, allowed_modes=frozenset({agreed})) for _, key in local]
     padded = max(key.num_tokens for _, key in local)
     # The rank keeps its own uniformity; only the token count (and so num_reqs) changes.
     return [

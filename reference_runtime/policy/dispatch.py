@@ -104,10 +104,10 @@ class Dispatcher:
 
         `uniform` says every request has q tokens. Only the pair modes keep uniform keys; under
         plain FULL a uniform batch uses the mixed FULL keys. Above the max size the batch runs
-        eager and unpadded.
+        eager and unpadded, under the trivial key BatchDescriptor(num_tokens).
         """
         self._check_batch(num_tokens, num_reqs, uniform)
-        unpadded = BatchDescriptor(num_tokens, num_reqs, uniform, num_active_loras > 0, num_active_loras)
+        unpadded = BatchDescriptor(num_tokens)  # vLLM's trivial key: an eager step is not keyed
         if (
             not self.keys_initialized
             or self.mode is CUDAGraphMode.NONE

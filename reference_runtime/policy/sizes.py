@@ -33,7 +33,7 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
         sizes = _sizes_below_user_max(config)
     else:
         sizes = _default_sizes(config)
-    if config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
+    if sizes and config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
         sizes = _round_to_query_len(sizes, config.query_len)
     return sizes
 
@@ -64,12 +64,12 @@ def _default_sizes(config: PolicyConfig) -> list[int]:
 
 def _user_sizes(config: PolicyConfig) -> list[int]:
     tokens = config.batched_tokens
+    if not config.capture_sizes:
+        raise ValueError("capture_sizes is empty; give at least one size, or leave it unset for the default grid")
+    # Sizes above max_num_batched_tokens are dropped; if none is left, nothing is captured (as vLLM does).
     sizes = sorted({s for s in config.capture_sizes if s <= tokens})
     if not sizes:
-        raise ValueError(
-            f"capture_sizes {list(config.capture_sizes)} has no size <= max_num_batched_tokens "
-            f"({tokens}); give at least one size in 1..{tokens}"
-        )
+        return []
     if config.max_capture_size is not None and config.max_capture_size != sizes[-1]:
         raise ValueError(
             f"max_capture_size ({config.max_capture_size}) must equal the largest of capture_sizes "

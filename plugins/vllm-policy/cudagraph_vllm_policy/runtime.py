@@ -57,8 +57,7 @@ class VllmPolicyRuntime:
         lora=True, speculative=True,
         notes=("policy only, answered by the installed vLLM's V1-runner code (no GPU, no model weights); "
                "stood in: the platform's device queries (graph support, capability 9.0 or 10.0 for "
-               "platform_max 512 or 1024, device name, total memory); speculative = ngram; an eager "
-               "dispatch echoes the batch (vLLM's eager BatchDescriptor carries num_tokens only); "
+               "platform_max 512 or 1024, device name, total memory); speculative = ngram; "
                "vLLM's config assertions are reported as ValueError"),
     )
 
@@ -189,11 +188,6 @@ class VllmPolicyRuntime:
     def _dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
         mode, key = dispatcher.dispatch(num_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
                                         num_active_loras=num_active_loras, valid_modes=valid_modes)
-        if mode.name == "NONE":
-            # vLLM's eager key is BatchDescriptor(num_tokens): no graph is looked up, so the batch's
-            # own request count and flags are echoed; the token count stays vLLM's.
-            return p.Dispatch("NONE", p.Descriptor(key.num_tokens, num_reqs, uniform, num_active_loras > 0,
-                                                   num_active_loras))
         return p.Dispatch(mode.name, p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora,
                                                   key.num_active_loras))
 
