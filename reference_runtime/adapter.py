@@ -85,7 +85,7 @@ class ReferenceRuntime:
             mode=config.mode, attention_backends=tuple(config.attention_backends) or ("static",),
             policy=to_policy_config(config.policy), seed=config.seed, compile=config.compile,
             max_model_len=config.max_model_len,
-            **({"num_blocks": max(2, -(-config.kv_tokens // 16) + 1)} if config.kv_tokens else {}),
+            **({"num_blocks": max(2, -(-config.kv_tokens // RunnerConfig.block_size) + 1)} if config.kv_tokens else {}),
             **dict(config.options),
         ))
         return ReferenceEngine(runner)

@@ -67,7 +67,6 @@ class _NewInputTensors(ModelRunner):
             load(layout)
             if self._graph_step:
                 self.buffers.input_ids = self.buffers.input_ids.clone()
-                self.buffers.input_ids_stale = True
 
         self.buffers.load = load_into_new_tensor
         self._graph_step = False

@@ -11,7 +11,7 @@ import gc
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -92,7 +92,7 @@ class ModelRunner:
         for message in self.resolution.warnings:
             warnings.warn(message, stacklevel=2)
         self.mode = self.resolution.resolved
-        policy = PolicyConfig(**{**config.policy.__dict__, "mode": self.mode})
+        policy = replace(config.policy, mode=self.mode)
         self.policy = policy
         self.q = policy.query_len
         self.dispatcher = Dispatcher(policy)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.protocol import Capabilities, Resolution
-from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime
+from reference_runtime.adapter import ReferenceEngine, to_policy_config
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 
@@ -24,7 +24,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-class ReferenceCompile(ReferenceRuntime):
+class ReferenceCompile:
+    """No policy operations: the compiler decides what to record, shape by shape."""
+
     name = "reference-compile"
 
     def __init__(self):
@@ -39,8 +41,6 @@ class ReferenceCompile(ReferenceRuntime):
                   "no capture phase" + ("" if runs else "; no CUDA device here, so the execution suites skip"),
         )
 
-    # No policy questions: the compiler decides what to record, shape by shape.
-    capture_sizes = padded_size = dispatch = resolve_mode = dp_dispatch = None
 
     def build(self, config):
         from .runner import CompiledRunner
@@ -49,7 +49,7 @@ class ReferenceCompile(ReferenceRuntime):
         runner = CompiledRunner(RunnerConfig(
             preset=config.preset, dtype=config.dtype, device=config.device, graph_backend="cuda", mode="NONE",
             attention_backends=tuple(config.attention_backends) or ("static",), seed=config.seed,
-            policy=replace(self._policy(config), mode="NONE"), max_model_len=config.max_model_len))
+            policy=replace(to_policy_config(config.policy), mode="NONE"), max_model_len=config.max_model_len))
         engine = ReferenceEngine(runner)
         requested = config.mode
         resolved = "NONE" if requested == "NONE" else "FULL"
@@ -59,9 +59,3 @@ class ReferenceCompile(ReferenceRuntime):
             warnings.warn(message, stacklevel=2)
         runner.graphs_enabled = resolved != "NONE"
         return engine
-
-    @staticmethod
-    def _policy(config):
-        from reference_runtime.adapter import to_policy_config
-
-        return to_policy_config(config.policy)

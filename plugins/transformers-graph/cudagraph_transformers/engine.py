@@ -240,7 +240,7 @@ class StaticCacheEngine:
             logits = self._forward(ids, positions, start, width)
         rows, cols = zip(*picks)
         out = logits[list(rows), list(cols)]
-        return StepResult(out.float() if out.dtype != self.dtype else out, mode, len(picks), self.rows * width)
+        return StepResult(out, mode, len(picks), self.rows * width)
 
     def _compiled_decode(self, ids, positions, start):
         from torch._dynamo.utils import counters
