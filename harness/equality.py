@@ -19,8 +19,19 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
 
 
+def largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """The largest finite |actual - expected|; None where shapes differ."""
+    if actual.shape != expected.shape:
+        return None
+    diff = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
+    finite = diff[torch.isfinite(diff)]
+    return float(finite.max()) if finite.numel() else float("nan")
+
+
 def first_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     """None when bit-equal; else where and how they first differ, for a failure message."""
+    if not isinstance(actual, torch.Tensor):
+        return f"got a {type(actual).__name__}, not a tensor"
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
@@ -30,8 +41,6 @@ def first_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     a, e = actual.detach().cpu(), expected.detach().cpu()
     differ = (a != e) & ~(torch.isnan(a) & torch.isnan(e)) if a.is_floating_point() else a != e
     index = tuple(int(i) for i in differ.nonzero()[0])
-    diff = (a.double() - e.double()).abs()
-    finite = diff[torch.isfinite(diff)]
-    largest = float(finite.max()) if finite.numel() else float("nan")
     return (f"{int(differ.sum())} of {a.numel()} elements differ; first at {index}: "
-            f"got {a[index].item()!r}, expected {e[index].item()!r}; largest difference {largest:.3g}")
+            f"got {a[index].item()!r}, expected {e[index].item()!r}; "
+            f"largest difference {largest_difference(actual, expected):.3g}")

@@ -11,7 +11,7 @@ PROFILES = {
 
 
 def register_profiles() -> None:
+    # The suites' function-scoped fixtures (check, record, runtime) hold no state between examples.
+    suppressed = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
     for name, options in PROFILES.items():
-        settings.register_profile(
-            name, deadline=None, suppress_health_check=[HealthCheck.too_slow], **options
-        )
+        settings.register_profile(name, deadline=None, suppress_health_check=suppressed, **options)

@@ -1,23 +1,20 @@
-"""What a run measured, read from its JSON report: the properties its tests recorded and the
-figures derived from them (padding waste, latency ratios, the crossover, regressions against a
+"""What a run measured, read from its JSON report: the records its tests made (harness.records)
+and the figures derived from them (padding waste, latency ratios, the crossover, regressions against a
 baseline). Pure Python, no matplotlib and no Markdown, so each figure is testable on its own."""
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter, defaultdict
 
-SPEC_WASTE_BATCH = 500  # SPEC 4's example: on vLLM's grid for max_num_seqs=256, 500 -> 512, 2.34%
+from .vocabulary import padded
+
+SPEC_WASTE_BATCH = 500  # spec section 4's example: on vLLM's grid for max_num_seqs=256, 500 -> 512, 2.34%
 
 
-def recorded(run: dict, name: str) -> list:
-    """Every value the run's tests recorded under property `name`; list values are flattened."""
-    values = []
-    for test in run.get("tests", []):
-        value = (test.get("properties") or {}).get(name)
-        if value is not None:
-            values.extend(value if isinstance(value, list) else [value])
-    return values
+def recorded(run: dict, kind: str) -> list[dict]:
+    """Every record of `kind` the run's tests made, without the kind field."""
+    return [{k: v for k, v in record.items() if k != "kind"}
+            for test in run.get("tests", []) for record in test.get("records") or () if record.get("kind") == kind]
 
 
 def distinct(values: list) -> list:
@@ -43,11 +40,6 @@ def run_labels(runs: list[dict]) -> list[str]:
             seen[label] += 1
             labels[i] = f"{label} #{seen[label]}"
     return labels
-
-
-def padded(sizes: list[int], batch: int) -> int | None:
-    """The smallest capture size that holds the batch; None above the largest (eager)."""
-    return next((s for s in sorted(sizes) if s >= batch), None)
 
 
 def padding_buckets(sizes: list[int]) -> list[dict]:
@@ -97,14 +89,8 @@ def crossover(rows: list[dict], below: float) -> int | None:
 
 
 def batch_invariance_rows(run: dict) -> list[dict]:
-    """Largest difference per (bucket, mode). Also reads the older scalar properties
-    `batch_invariance b=N pad=P MODE`, which carry the same numbers in their names."""
-    entries = list(recorded(run, "batch_invariance"))
-    for test in run.get("tests", []):
-        for name, value in (test.get("properties") or {}).items():
-            match = re.fullmatch(r"batch_invariance b=(\d+) pad=(\d+) (\w+)", name)
-            if match:
-                entries.append({"batch": int(match[1]), "padded": int(match[2]), "mode": match[3], "difference": value})
+    """Largest difference per (bucket, mode), with every batch measured in that bucket."""
+    entries = recorded(run, "batch_invariance")
     buckets: dict[tuple, dict] = {}
     for e in (e for e in entries if {"padded", "mode", "batch", "difference"} <= set(e)):
         row = buckets.setdefault((e["padded"], e["mode"]), {"padded": e["padded"], "mode": e["mode"],

@@ -1,15 +1,14 @@
-"""Independent oracles for the graph policy, written from SPEC.md and not from any runtime.
+"""Independent oracles for the graph policy, written from docs/spec.md and not from any runtime.
 
 They are deliberately shaped differently from the reference runtime: sizes are a membership
 predicate over 1..cap instead of a generated list, keys are enumerated sets, and resolution is
-the SPEC table as data. When a runtime and an oracle disagree, one of them is wrong; the
-policy suites say which number the SPEC asks for.
+the spec table as data (in harness.vocabulary). When a runtime and an oracle disagree, one of them is wrong; the
+policy suites say which number the spec asks for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .protocol import Descriptor, Dispatch, PolicyConfig
+from .vocabulary import ROUTINES, RUNTIME_MODES, lowest, padded
 
 DEFAULT_BATCHED_TOKENS = 8192
 
@@ -26,11 +25,11 @@ def batched_tokens(config: PolicyConfig) -> int:
 
 
 def decode_is_full(mode: str) -> bool:
-    return mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    return ROUTINES[mode][0] == "FULL"
 
 
 def capture_sizes(config: PolicyConfig) -> list[int]:
-    """The sizes SPEC 3 asks for. Raises ValueError where the SPEC says the config is an error."""
+    """The sizes spec section 3 asks for. Raises ValueError where the spec says the config is an error."""
     q = config.query_len
     tokens = batched_tokens(config)
     if tokens < config.max_num_seqs:
@@ -67,11 +66,6 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
                 raise ValueError("no size holds q tokens")
             chosen = {q}
     return sorted(chosen)
-
-
-def padded(sizes: list[int], num_tokens: int) -> int | None:
-    fitting = [s for s in sizes if s >= num_tokens]
-    return min(fitting) if fitting else None
 
 
 def lora_cases(config: PolicyConfig) -> list[int]:
@@ -115,8 +109,8 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
 
 
 def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
-             num_active_loras: int = 0, allowed: frozenset[str] = frozenset({"NONE", "PIECEWISE", "FULL"})) -> Dispatch:
-    """SPEC 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
+             num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES)) -> Dispatch:
+    """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
     eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
@@ -141,58 +135,13 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
 
 
 def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
-    """SPEC 4, data parallel: the lowest mode, the largest padded size, never a higher mode."""
+    """spec section 4, data parallel: the lowest mode, the largest padded size, never a higher mode."""
     local = [dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local
-    order = ["NONE", "PIECEWISE", "FULL"]
-    agreed = min((d.runtime_mode for d in local), key=order.index)
+    agreed = lowest(d.runtime_mode for d in local)
     if agreed == "NONE":  # no data-parallel padding; each rank runs eager at its own dispatched size
         return [Dispatch("NONE", Descriptor(d.descriptor.num_tokens)) for d in local]
     size = max(d.descriptor.num_tokens for d in local)
     return [dispatch(config, size, None, r.uniform and size % config.query_len == 0, allowed=frozenset({agreed}))
             for r in ranks]
-
-
-# -- mode resolution (SPEC 5) -------------------------------------------------------------
-SUPPORTS = ("ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER")
-ERROR = "error"
-FDO, FAP = "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
-
-# requested -> resolved for ALWAYS, UNIFORM_BATCH, USTD, NEVER; default setup, q = 1.
-TABLE = {
-    "NONE": ("NONE", "NONE", "NONE", "NONE"),
-    "PIECEWISE": ("PIECEWISE", "PIECEWISE", "PIECEWISE", "PIECEWISE"),
-    "FULL": ("FULL", FAP, FAP, ERROR),
-    FDO: (FDO, FDO, FDO, "PIECEWISE"),
-    FAP: (FAP, FAP, FAP, "PIECEWISE"),
-}
-# Without attention in the splitting ops; None marks cells the SPEC does not fix.
-TABLE_NO_PIECEWISE = {
-    "NONE": ("NONE", "NONE", "NONE", "NONE"),
-    "PIECEWISE": ("NONE", "NONE", "NONE", "NONE"),
-    "FULL": ("FULL", FDO, FDO, ERROR),
-    FDO: (FDO, FDO, FDO, "NONE"),
-    FAP: (None, None, None, "NONE"),
-}
-
-
-@dataclass(frozen=True)
-class Expected:
-    resolved: str | None  # None: the SPEC fixes no value for this cell
-    error: bool = False
-
-
-def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0,
-                        attention_in_splitting_ops: bool = True, splitting_ops_empty: bool = False) -> Expected:
-    column = SUPPORTS.index(support)
-    piecewise = attention_in_splitting_ops and not splitting_ops_empty
-    if splitting_ops_empty and mode == FAP:
-        mode = "FULL"
-    cell = (TABLE if piecewise else TABLE_NO_PIECEWISE)[mode][column]
-    if cell == ERROR:
-        return Expected(None, error=True)
-    q = 1 + num_speculative_tokens
-    if q > 1 and cell is not None and decode_is_full(cell) and support in ("UNIFORM_SINGLE_TOKEN_DECODE", "NEVER"):
-        cell = "PIECEWISE" if piecewise else "NONE"
-    return Expected(cell)

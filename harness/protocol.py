@@ -1,56 +1,57 @@
 """The runtime protocol: what a runtime gives the harness, and nothing more.
 
-A runtime is an object with a `name`, a `version`, a `capabilities` dataclass and the
-operations below. Policy operations are pure questions (sizes, padding, dispatch,
-resolution); execution operations build an engine and run steps. A runtime answers
-only what its capabilities declare; the harness never calls the rest.
-
-Types here are plain data (strings for modes and support levels, ints, tuples) so that
-a runtime from any package, vLLM's included, can answer without importing ours.
+A runtime is an object with a `name`, a `version`, `capabilities` and the operations those
+capabilities promise; the harness calls nothing else. Policy operations answer questions
+(sizes, padding, dispatch, resolution); execution operations build an engine and run steps.
+Types are plain data (strings from harness.vocabulary, ints, tensors), so a runtime from any
+package can answer without importing more than this module. docs/authoring.md gives each
+operation's contract with a failing example.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence
 
-RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
-CONFIG_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-SUPPORT_LEVELS = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
+from .vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
 class Capabilities:
     """What a runtime can be asked. Suites declare needs with `@pytest.mark.requires(name)`."""
 
-    capture_sizes: bool = False  # answers capture_sizes() and padded_size()
-    vllm_policy: bool = False  # its sizes, keys and resolution follow vLLM's grid and table
-    dispatch: bool = False  # answers dispatch()
-    mode_resolution: bool = False  # answers resolve_mode()
-    data_parallel: bool = False  # answers dp_dispatch()
+    # policy
+    capture_sizes: bool = False  # capture_sizes() and padded_size()
+    dispatch: bool = False  # dispatch()
+    mode_resolution: bool = False  # resolve_mode()
+    data_parallel: bool = False  # dp_dispatch()
+    vllm_policy: bool = False  # sizes, keys and resolution follow vLLM's (docs/spec.md 3-5)
     lora: bool = False  # dispatch() takes num_active_loras
-    speculative: bool = False  # policy takes num_speculative_tokens > 0
+    speculative: bool = False  # policies take num_speculative_tokens > 0
+    # execution
     execution: bool = False  # build() gives an Engine
-    graph_backends: tuple[str, ...] = ()  # e.g. ("emulated", "cuda")
-    batch_invariant: bool = False  # graph rows equal an unpadded eager run bit for bit
-    outputs_alias_graph_buffers: bool = False  # a step's outputs are overwritten by the next replay
-    attention_backends: tuple[tuple[str, str], ...] = ()  # (backend name, declared support level)
+    graph_backends: tuple[str, ...] = ()  # "emulated" (harness.graphs) and/or "cuda"
+    attention_backends: tuple[tuple[str, str], ...] = ()  # (name, support level) pairs build() accepts
     padding_fills: tuple[str, ...] = ()  # what step(padding_fill=...) can put in padded rows
-    kv_inspection: bool = False  # engines answer kv_snapshot() and slot_of()
-    address_checks: bool = False  # engines answer swap_static_buffer() (to prove a moved input fails)
-    notes: str = ""  # free text shown in the report header (what is emulated, what stands in)
+    loads_checkpoint: bool = False  # build() loads EngineConfig.checkpoint (a Hugging Face Llama folder)
+    kv_inspection: bool = False  # kv_snapshot() and slot_of()
+    input_inspection: bool = False  # last_step_inputs()
+    address_checks: bool = False  # swap_static_buffer()
+    data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed
+    batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
+    outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
+    notes: str = ""  # shown in the report header: what is emulated, what stands in
 
     def has(self, name: str) -> bool:
-        value = getattr(self, name, None)
-        if value is None:
+        if name not in self.names():
             raise KeyError(name)
-        return bool(value)
+        return bool(getattr(self, name))
 
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls) if f.name != "notes"]
 
     def summary(self) -> str:
-        on = [f.name for f in fields(self) if f.name != "notes" and isinstance(getattr(self, f.name), bool) and getattr(self, f.name)]
+        on = [name for name in self.names() if getattr(self, name) is True]
         text = ", ".join(on) or "none"
         if self.graph_backends:
             text += f"; graph backends: {', '.join(self.graph_backends)}"
@@ -59,7 +60,7 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Scheduler limits and graph options that decide sizes and keys (SPEC 3-4)."""
+    """Scheduler limits and graph options that decide sizes and keys (docs/spec.md 3-4)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # None: the runtime's default (vLLM: 8192)
@@ -67,10 +68,11 @@ class PolicyConfig:
     platform_max: int = 512  # 1024 on SM100 (B200 class)
     capture_sizes: tuple[int, ...] | None = None  # user-given sizes
     max_capture_size: int | None = None  # user-given max
-    mode: str = "FULL_AND_PIECEWISE"  # the (resolved) config mode
+    mode: str = "FULL_AND_PIECEWISE"  # a config mode: requested at build(), resolved in policy questions
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # separate graphs with and without LoRA
     specialize_active_loras: bool = False  # separate graphs per captured adapter count
+    runner: str = "v1"  # vLLM's model runner whose rules apply: "v1" or "v2" (docs/spec.md 3)
 
     @property
     def query_len(self) -> int:
@@ -99,6 +101,7 @@ class ResolveRequest:
     mode: str  # one of CONFIG_MODES
     support: str  # the weakest backend's level, one of SUPPORT_LEVELS
     num_speculative_tokens: int = 0
+    # vLLM's compilation options; a runtime without them is asked only the defaults.
     attention_in_splitting_ops: bool = True  # piecewise graphs can split at attention
     splitting_ops_empty: bool = False  # nothing to split at: the whole forward is one piece
 
@@ -119,54 +122,38 @@ class RankBatch:
     uniform: bool = False
 
 
-@runtime_checkable
 class Runtime(Protocol):
-    """The object a runtime factory returns.
-
-    Policy operations raise ValueError with a message for impossible configs.
-    """
+    """The object a runtime factory returns. Impossible configs raise ValueError with a message."""
 
     name: str
     version: str
     capabilities: Capabilities
 
     def capture_sizes(self, config: PolicyConfig) -> Sequence[int]: ...
-
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None:
-        """The graph size a batch of num_tokens runs at; None when it runs eager (above the max)."""
-
-    def dispatch(
-        self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
-        uniform: bool = False, num_active_loras: int = 0,
-    ) -> Dispatch: ...
-
+    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None: ...  # None: eager
+    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
+                 uniform: bool = False, num_active_loras: int = 0) -> Dispatch: ...
     def resolve_mode(self, request: ResolveRequest) -> Resolution: ...
-
-    def dp_dispatch(self, config: PolicyConfig, ranks: Sequence[RankBatch]) -> list[Dispatch]:
-        """What each data-parallel rank runs once the ranks have agreed."""
-
-    def build(self, config: "EngineConfig") -> "Engine": ...
+    def dp_dispatch(self, config: PolicyConfig, ranks: Sequence[RankBatch]) -> list[Dispatch]: ...
+    def build(self, config: EngineConfig) -> Engine: ...
 
 
-# ---------------------------------------------------------------------------------------
-# Execution (filled by runtimes that declare `execution`)
-# ---------------------------------------------------------------------------------------
+# -- execution ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EngineConfig:
-    """What to build: a model preset on a device, with graph options."""
+    """What to build: a model preset on a device, its graph options and scheduler limits."""
 
-    preset: str = "tiny"
+    preset: str = "tiny"  # harness.presets: the model's shape and seeded weights
     dtype: str = "float32"
     device: str = "cpu"
     graph_backend: str = "emulated"  # "cuda" or "emulated"
-    mode: str = "FULL_AND_PIECEWISE"
-    attention_backends: tuple[str, ...] = ()  # empty: the runtime's default
-    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(max_num_seqs=16))
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    attention_backends: tuple[str, ...] = ()  # names from Capabilities.attention_backends; empty: default
     seed: int = 0
-    compile: bool = False
     max_model_len: int = 128  # longest request (prompt + output) the engine must hold
-    kv_tokens: int | None = None  # KV-cache capacity in tokens; None: the runtime's default
-    options: Mapping[str, Any] = field(default_factory=dict)  # runtime-specific extras
+    kv_tokens: int | None = None  # KV capacity in tokens that must be free after capture; None: default
+    checkpoint: str | None = None  # a Hugging Face Llama folder to load (capability loads_checkpoint)
+    data_parallel: tuple[int, int] | None = None  # (rank, world size); torch.distributed is initialised
 
 
 @dataclass(frozen=True)
@@ -180,59 +167,41 @@ class Request:
 
 @dataclass
 class StepResult:
-    logits: Any  # [num_real_tokens, vocab] tensor
-    runtime_mode: str  # what actually ran
+    logits: Any  # [num_tokens, vocab] tensor, one row per real token in request order
+    runtime_mode: str  # what actually ran: one of RUNTIME_MODES
     num_tokens: int  # real tokens
     padded_num_tokens: int  # tokens the step ran at
+
+
+@dataclass
+class StepInputs:
+    """The static inputs of the last step at its padded size: real rows first, then padded rows."""
+
+    token_ids: Any  # [padded_num_tokens] integer tensor
+    positions: Any  # [padded_num_tokens]
+    slot_mapping: Any  # [padded_num_tokens]; padded rows hold `padding_slot`
+    padding_slot: int = -1  # the slot id that writes nothing
 
 
 @dataclass
 class CaptureReport:
     graphs: Mapping[str, int]  # runtime mode -> graphs captured
     seconds: float
-    memory_bytes: int | None
+    memory_bytes: int | None  # graph memory; None where it cannot be measured
     order: Sequence[tuple[str, int]] = ()  # (runtime mode, num_tokens) in capture order
 
 
 class Engine(Protocol):
-    """A built model with its caches and graphs.
-
-    `resolution` is the mode the engine resolved at build time from the requested mode and
-    its attention backends.
-    """
+    """A built model with its caches and graphs; `resolution` is what build() resolved."""
 
     resolution: Resolution
 
-    def capture(self) -> CaptureReport: ...
-
-    def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult:
-        """Pad, dispatch and run one step as the engine would in service.
-
-        `padding_fill` (one of the capabilities' `padding_fills`) says what padded rows hold
-        instead of the engine's own padding values: "zeros", "random", "nan", "inf".
-        """
-
-    def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult:
-        """Run the same step eagerly at a given padded shape (the equality baseline)."""
-
-    def static_buffer_addresses(self) -> Mapping[str, int]: ...
-
-    def capture_report(self) -> CaptureReport: ...
-
-    def launch_counts(self) -> Mapping[str, int]:
-        """Submissions per step by runtime mode (kernels for eager, graph launches + copies for graphs)."""
-
-    def release(self, request_id: int) -> None:
-        """Forget a finished request and free its KV blocks."""
-
-    def kv_snapshot(self) -> Any:
-        """A copy of every real KV-cache slot, indexed by slot first (capability kv_inspection)."""
-
-    def slot_of(self, request_id: int, position: int) -> int:
-        """The KV slot that holds a request's position (capability kv_inspection)."""
-
-    def swap_static_buffer(self, name: str) -> None:
-        """Replace a static input with a new tensor, as a buggy step would (capability address_checks).
-
-        The next replay of any graph that reads it must raise instead of computing on stale memory.
-        """
+    def capture(self) -> CaptureReport: ...  # once; a second call raises RuntimeError
+    def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult: ...
+    def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult: ...
+    def release(self, request_id: int) -> None: ...  # forget a request, free its KV
+    def static_buffer_addresses(self) -> Mapping[str, int]: ...  # graph inputs only, by name
+    def kv_snapshot(self) -> Any: ...  # kv_inspection: every KV slot, slot first
+    def slot_of(self, request_id: int, position: int) -> int: ...  # kv_inspection
+    def last_step_inputs(self) -> StepInputs: ...  # input_inspection
+    def swap_static_buffer(self, name: str) -> None: ...  # address_checks: a new tensor, same values

@@ -20,12 +20,17 @@ from typing import NamedTuple
 # compare and describe_regression are part of this module's interface: the plugin and the CLI use them.
 from .measurements import (batch_invariance_rows, compare, crossover, describe_regression, distinct, latency_rows,
                            padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
+from .records import ReportFormatError, upgrade
+from .vocabulary import CONFIG_MODES as REQUESTED
+from .vocabulary import SUPPORT_LEVELS as SUPPORTS
 
 OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
-MEASUREMENTS = ["grid", "resolution", "capture", "launches", "latency", "batch1_speedup", "serving",
-                "batch_invariance"]
-SUPPORTS = ["ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER"]
-REQUESTED = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+# Each measurement, and the suite that records it.
+MEASUREMENTS = {"grid": "test_padding.py", "resolution": "test_mode_resolution.py",
+                "capture": "test_capture_accounting.py", "launches": "test_launch_overhead.py",
+                "anchor": "test_numerical_anchor.py", "latency": "test_step_latency.py",
+                "batch1_speedup": "test_step_latency.py", "serving": "test_serving.py",
+                "batch_invariance": "test_batch_invariance.py"}
 SERVING_COLUMNS = [  # vLLM's benchmark_serving figures, in the order PR #20059 printed them
     ("requests", "requests", 0), ("seconds", "duration (s)", 2), ("steps", "steps", 0),
     ("requests_s", "req/s", 2), ("output_tok_s", "output tok/s", 2), ("total_tok_s", "total tok/s", 2),
@@ -52,9 +57,14 @@ def load_run(path) -> dict:
         raise RunFileError(f"cannot read run report {path}: {exc.strerror or exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RunFileError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("tests"), list) or "runtime" not in data:
-        raise RunFileError(f"{path} is not a conformance run report (it needs 'runtime' and a 'tests' list)")
-    return data
+    if not isinstance(data, dict) or not isinstance(data.get("tests"), list) or "runtime" not in data \
+            or not all(isinstance(t, dict) and isinstance(t.get("nodeid"), str) for t in data["tests"]):
+        raise RunFileError(f"{path} is not a conformance run report (it needs 'runtime' and a 'tests' list of "
+                           "objects with a 'nodeid')")
+    try:
+        return upgrade(data, str(path))
+    except ReportFormatError as exc:
+        raise RunFileError(str(exc)) from None
 
 
 # -- Markdown helpers ---------------------------------------------------------------------------
@@ -133,6 +143,14 @@ def _failures(runs: list[dict], labels: list[str]) -> list[str]:
     return ["## Failures", "", *lines] if lines else []
 
 
+def _known_failures(runs: list[dict], labels: list[str]) -> list[str]:
+    rows = [[f"`{t['nodeid']}`", *( [label] if len(runs) > 1 else []), (t.get("reason") or "").replace("\n", " ")[:300]]
+            for run, label in zip(runs, labels) for t in run["tests"] if t["outcome"] == "xfailed"]
+    if not rows:
+        return []
+    return ["## Known failures", "", *_table(["test", *(["run"] if len(runs) > 1 else []), "reason"], rows)]
+
+
 # -- measurements -------------------------------------------------------------------------------
 def _padding(grid: dict) -> list[str]:
     sizes = sorted(grid["sizes"])
@@ -164,25 +182,35 @@ def _resolution(entries: list[dict]) -> list[str]:
     return lines
 
 
+def _memory(e: dict) -> str:
+    memory = e.get("memory_bytes")
+    if memory is None:
+        return "not measured"
+    if e.get("graph_backend") == "emulated":
+        return f"{memory / 2**20:.2f} MiB held by emulated graphs (not GPU memory)"
+    return f"{memory / 2**30:.2f} GiB" if memory > 0 else f"{memory} bytes (not a plausible measurement)"
+
+
 def _capture(entries: list[dict]) -> list[str]:
     kinds = sorted({k for e in entries for k in (e.get("graphs") or {})})
-    rows = [[e.get("mode"), e.get("preset"), *((e.get("graphs") or {}).get(k) for k in kinds),
-             _num(e.get("seconds"), 2),
-             "not measured" if e.get("memory_bytes") is None else f"{e['memory_bytes'] / 2**30:.2f}"]
-            for e in entries]
-    return _table(["mode", "preset", *(f"{k} graphs" for k in kinds), "capture (s)", "graph memory (GiB)"], rows)
+    rows = [[e.get("mode"), e.get("preset"), e.get("graph_backend", "cuda"),
+             *((e.get("graphs") or {}).get(k) for k in kinds), e.get("observed_captures"),
+             _num(e.get("seconds"), 2) + (" (emulator)" if e.get("graph_backend") == "emulated" else ""),
+             _memory(e)] for e in entries]
+    return _table(["mode", "preset", "graph backend", *(f"{k} graphs" for k in kinds), "graphs seen captured",
+                   "capture (s)", "graph memory"], rows)
 
 
 def _launches(entries: list[dict]) -> list[str]:
     rows = []
     for e in entries:
-        for mode in ("NONE", "PIECEWISE", "FULL"):
-            if mode in e:
-                counts = e[mode]
-                graphs = counts.get("graphs")
-                rows.append([e.get("batch"), mode, counts.get("kernels"),
-                             "n/a (no CUDA)" if graphs is None else graphs, counts.get("copies")])
-    return _table(["batch", "mode", "kernel launches", "graph launches", "copies"], rows)
+        emulated = e.get("graph_backend") == "emulated"
+        for mode, counts in (e.get("counts") or {}).items():
+            rows.append([e.get("batch"), mode, counts.get("kernels"), counts.get("graphs"),
+                         counts.get("ops_in_graphs") if emulated else "n/a (CUDA)", counts.get("copies"),
+                         "emulator: aten ops" if emulated else "CUDA profiler"])
+    return _table(["batch", "mode", "kernels / ops outside graphs", "graph launches", "ops inside graphs", "copies",
+                   "counted by"], rows)
 
 
 def latency_headline(rows: list[dict]) -> list[str]:
@@ -248,13 +276,21 @@ def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[s
     for title, body in sections:
         if body:
             lines += [f"### {title}", "", *body]
-    recorded_names = {name for t in run["tests"] for name in (t.get("properties") or {})}
-    if invariance:  # also found under the older per-batch property names
-        recorded_names.add("batch_invariance")
-    missing = [name for name in MEASUREMENTS if name not in recorded_names]
+    recorded_kinds = {r.get("kind") for t in run["tests"] for r in t.get("records") or ()}
+    missing = [f"{kind} ({why})" for kind, suite in MEASUREMENTS.items() if kind not in recorded_kinds
+               for why in [_why_not_recorded(run, suite)]]
     if missing:
-        lines += [f"Not recorded in this run: {', '.join(missing)} (their suites did not run, or were skipped).", ""]
+        lines += [f"Not recorded in this run: {'; '.join(missing)}.", ""]
     return lines
+
+
+def _why_not_recorded(run: dict, suite: str) -> str:
+    outcomes = Counter(t["outcome"] for t in run["tests"] if t["nodeid"].split("::")[0].endswith(suite))
+    if not outcomes:
+        return f"{suite} did not run"
+    if set(outcomes) == {"skipped"}:
+        return f"{suite} was skipped"
+    return f"{suite} ran ({', '.join(f'{n} {o}' for o, n in sorted(outcomes.items()))}) but recorded nothing"
 
 
 def _regressions(regressions: list[dict], threshold: float, runs: list[dict]) -> list[str]:
@@ -283,7 +319,7 @@ def render_markdown(runs, *, title: str | None = None, plots: dict | None = None
     lines += ["## Runs", ""]
     for run, label in zip(runs, labels):
         lines += _run_header(run, label)
-    lines += _matrix(runs, labels) + _failures(runs, labels)
+    lines += _matrix(runs, labels) + _failures(runs, labels) + _known_failures(runs, labels)
     if regressions is not None:
         lines += _regressions(regressions, threshold, runs)
     for run, label in zip(runs, labels):
@@ -330,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-on-regression", action="store_true", help="exit 1 when there is a regression")
     parser.add_argument("--title", help="the document's title")
     args = parser.parse_args(argv)
+    if args.threshold < 0:
+        print(f"error: --threshold must be a fraction >= 0 (0.10 is 10%), got {args.threshold}", file=sys.stderr)
+        return 2
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"error: --out {args.out}: that is a file; name a directory (it is created if missing)", file=sys.stderr)
+        return 2
     try:
         runs = [load_run(p) for p in args.runs]
         baseline = [load_run(p) for p in args.baseline]

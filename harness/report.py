@@ -19,8 +19,23 @@ from pathlib import Path
 import pytest
 
 from . import render
+from .records import SCHEMA_VERSION
+from .safe import safe_str
 
 FLUSH_SECONDS = 5.0
+
+
+class ReportDirError(Exception):
+    """--report-dir names something that cannot hold the report."""
+
+
+def report_dir(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ReportDirError(f"--report-dir {value}: that is a file; name a directory (it is created if missing)")
+    return path
 
 
 def device_description(runtime) -> str:
@@ -59,11 +74,11 @@ def _torch_version() -> str | None:
 
 
 class RunReport:
-    def __init__(self, config, runtime):
+    def __init__(self, config, conformance):
         self.config = config
-        self.runtime = runtime
-        directory = config.getoption("report_dir")
-        self.directory = Path(directory) if directory else None
+        self.conformance = conformance
+        self.runtime = conformance.runtime
+        self.directory = report_dir(config.getoption("report_dir"))
         self.results: dict[str, dict] = {}
         self.started = time.time()
         self.last_flush = 0.0
@@ -80,8 +95,10 @@ class RunReport:
         entry = self.results.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "duration": 0.0})
         entry["duration"] = round(entry["duration"] + report.duration, 6)
         outcome = _outcome(report)
-        if report.when == "call" and report.user_properties:
-            entry["properties"] = {str(k): v for k, v in report.user_properties}
+        if report.when == "call":
+            records = [value for key, value in report.user_properties if key == "record"]
+            if records:
+                entry["records"] = records
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:
             entry["outcome"] = outcome
             entry["reason"] = _reason(report)
@@ -90,7 +107,6 @@ class RunReport:
 
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished = True
-        self.exitstatus = int(exitstatus)
         self.write()
         if self.regressions and self.config.getoption("fail_on_regression", False) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -101,10 +117,13 @@ class RunReport:
         counts = Counter(r["outcome"] for r in self.results.values())
         torch_version = _torch_version()
         return {
+            "schema_version": SCHEMA_VERSION,
             "runtime": runtime.name,
             "version": runtime.version,
             "capabilities": asdict(runtime.capabilities),
             "device": device_description(runtime),
+            "graph_backend": self.conformance.graph_backend,
+            "hypothesis": {"profile": self.conformance.hypothesis_profile, "seed": self.conformance.hypothesis_seed},
             "torch": torch_version,
             "python": platform.python_version(),
             "git_commit": git_commit(),
@@ -155,5 +174,4 @@ def _reason(report) -> str:
         return report.wasxfail
     if report.skipped and isinstance(report.longrepr, tuple):
         return report.longrepr[2]
-    text = str(report.longrepr)
-    return text[-2000:]
+    return safe_str(report.longrepr, limit=4000)

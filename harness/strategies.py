@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from .protocol import CONFIG_MODES, PolicyConfig
+from .protocol import PolicyConfig
+from .vocabulary import CONFIG_MODES
 
 
 @st.composite
-def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, modes=CONFIG_MODES):
-    """Valid configs across the interesting ranges: small and off-grid max_num_seqs, both platform
+def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, modes=CONFIG_MODES,
+                   runners=("v1", "v2")):
+    """Configs across vLLM's interesting ranges: small and off-grid max_num_seqs, both platform
     maxima, a binding max_num_batched_tokens, speculative q, user sizes and a user max."""
     seqs = draw(st.one_of(st.integers(1, 40), st.integers(41, 1100), st.sampled_from([256, 264, 300, 512, 1024])))
     tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 600), st.sampled_from([2048, 8192])).filter(
@@ -23,4 +25,11 @@ def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, m
     elif choice == "user_max":
         user_max = draw(st.integers(1, 1100))
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=spec,
-                        platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode)
+                        platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode,
+                        runner=draw(st.sampled_from(runners)))
+
+
+def plain_configs(modes=CONFIG_MODES):
+    """Ordinary configs any bucket policy must answer: no user sizes, no speculation, a token
+    budget of at least one token per seat."""
+    return policy_configs(speculative=False, user_sizes=False, modes=modes)

@@ -10,8 +10,7 @@ from functools import lru_cache
 
 from harness import protocol as p
 
-from . import __version__
-from . import policy
+from . import __version__, policy
 
 
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
@@ -33,22 +32,13 @@ class ReferenceRuntime:
     name = "reference"
     version = __version__
     capabilities = p.Capabilities(
-        capture_sizes=True,
-        vllm_policy=True,
-        dispatch=True,
-        mode_resolution=True,
-        data_parallel=True,
-        lora=True,
-        speculative=True,
-        execution=True,
-        graph_backends=("emulated", "cuda"),
-        outputs_alias_graph_buffers=False,
+        capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True, lora=True,
+        speculative=True, execution=True, graph_backends=("emulated", "cuda"),
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
-        padding_fills=("zeros", "random", "nan", "inf"),
-        kv_inspection=True,
-        address_checks=True,
-        notes="execution on CPU uses the graph emulator (same contract as CUDA graphs, no GPU timing)",
+        padding_fills=("zeros", "random", "nan", "inf"), loads_checkpoint=True, kv_inspection=True,
+        input_inspection=True, address_checks=True,
+        notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 
     # -- policy -------------------------------------------------------------------------
@@ -64,8 +54,7 @@ class ReferenceRuntime:
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         result = policy.resolve_mode(
-            request.mode, request.support,
-            num_speculative_tokens=request.num_speculative_tokens,
+            request.mode, request.support, num_speculative_tokens=request.num_speculative_tokens,
             attention_in_splitting_ops=request.attention_in_splitting_ops,
             splitting_ops_empty=request.splitting_ops_empty,
         )
@@ -77,18 +66,22 @@ class ReferenceRuntime:
 
     # -- execution ----------------------------------------------------------------------
     def build(self, config: p.EngineConfig) -> "ReferenceEngine":
-        from .engine.runner import ModelRunner, RunnerConfig
+        from .engine.runner import ModelRunner
 
-        runner_class = getattr(self, "runner_class", None) or ModelRunner
-        runner = runner_class(RunnerConfig(
-            preset=config.preset, dtype=config.dtype, device=config.device, graph_backend=config.graph_backend,
-            mode=config.mode, attention_backends=tuple(config.attention_backends) or ("static",),
-            policy=to_policy_config(config.policy), seed=config.seed, compile=config.compile,
-            max_model_len=config.max_model_len,
-            **({"num_blocks": max(2, -(-config.kv_tokens // RunnerConfig.block_size) + 1)} if config.kv_tokens else {}),
-            **dict(config.options),
-        ))
-        return ReferenceEngine(runner)
+        return ReferenceEngine(ModelRunner(runner_config(config)))
+
+
+def runner_config(config: p.EngineConfig):
+    """The runner's configuration for an engine the harness asks for."""
+    from .engine.runner import RunnerConfig
+
+    blocks = {"num_blocks": max(2, -(-config.kv_tokens // RunnerConfig.block_size) + 1)} if config.kv_tokens else {}
+    return RunnerConfig(
+        preset=config.preset, checkpoint=config.checkpoint, dtype=config.dtype, device=config.device,
+        graph_backend=config.graph_backend, mode=config.policy.mode,
+        attention_backends=tuple(config.attention_backends) or ("static",), policy=to_policy_config(config.policy),
+        seed=config.seed, max_model_len=config.max_model_len, **blocks,
+    )
 
 
 class ReferenceEngine:
@@ -100,13 +93,7 @@ class ReferenceEngine:
         self.resolution = p.Resolution(r.requested.name, r.resolved.name, r.warnings)
 
     def capture(self) -> p.CaptureReport:
-        self.runner.capture()
-        return self.capture_report()
-
-    def capture_report(self) -> p.CaptureReport:
-        summary = self.runner.capture_summary
-        if summary is None:
-            return p.CaptureReport({}, 0.0, None, ())
+        summary = self.runner.capture()
         return p.CaptureReport(dict(summary.graphs), summary.seconds, summary.memory_bytes, tuple(summary.order))
 
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
@@ -115,20 +102,24 @@ class ReferenceEngine:
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         return self._result(self.runner.eager_step(list(requests), padded_num_tokens))
 
-    def static_buffer_addresses(self) -> dict[str, int]:
-        return self.runner.buffers.addresses() | {"attn": self.runner.attn_buffer.data_ptr()}
-
-    def launch_counts(self) -> dict[str, int]:
-        return self.runner.launch_counts()
-
     def release(self, request_id: int) -> None:
         self.runner.release(request_id)
 
+    def static_buffer_addresses(self) -> dict[str, int]:
+        return {name: t.data_ptr() for name, t in self.runner.graph_inputs(with_attention=True).items()}
+
     def kv_snapshot(self):
-        return self.runner.kv_snapshot()
+        from .engine import inspection
+
+        return inspection.kv_snapshot(self.runner)
 
     def slot_of(self, request_id: int, position: int) -> int:
         return self.runner.allocator.slot(request_id, position)
+
+    def last_step_inputs(self) -> p.StepInputs:
+        from .engine import inspection
+
+        return p.StepInputs(**inspection.last_step_inputs(self.runner), padding_slot=-1)
 
     def swap_static_buffer(self, name: str) -> None:
         runner, buffers = self.runner, self.runner.buffers

@@ -1,19 +1,21 @@
-"""Capture sizes (SPEC 3): vLLM's default grid, its appends, speculative decoding, user sizes.
+"""Capture sizes (docs/spec.md section 3).
 
-Expected numbers are the SPEC's, written here literally; property tests compare with the
-independent oracle in `harness.oracle`.
+- vLLM conformance (`vllm_policy`): the spec's counts and examples, written here literally, and
+  every drawn config against the harness's independent oracle.
+- Any runtime with a bucket policy (`capture_sizes`): sizes are sorted, unique, positive and fit
+  the token budget; mode NONE has none; an ordinary config is answered, not rejected.
 """
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 
 from harness import oracle
-from harness.compare import expect, expect_equal, expect_error
 from harness.protocol import PolicyConfig
-from harness.strategies import policy_configs
+from harness.strategies import plain_configs, policy_configs
+from harness.vocabulary import ORACLE, OWN_POLICY, SPEC
 
 INVARIANT = "capture sizes"
 
-# (config, expected count, expected max) from SPEC 3.
+# (id, config, expected count, expected max) from spec section 3.
 SPEC_COUNTS = [
     ("cap32", PolicyConfig(max_num_seqs=16), 7, 32),
     ("cap64", PolicyConfig(max_num_seqs=32), 11, 64),
@@ -26,18 +28,19 @@ SPEC_COUNTS = [
     ("seqs1024-D512", PolicyConfig(max_num_seqs=1024), 51, 512),
     ("D1024-seqs264", PolicyConfig(max_num_seqs=264, platform_max=1024, max_num_batched_tokens=2048), 53, 528),
     ("D1024-seqs300", PolicyConfig(max_num_seqs=300, platform_max=1024, max_num_batched_tokens=2048), 57, 592),
-    ("q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1), 50, 512),
-    ("q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2), 56, 504),
-    ("q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3), 49, 512),
+    # vLLM's V1 model runner rounds sizes to multiples of q under FULL decode graphs.
+    ("v1-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, runner="v1"), 50, 512),
+    ("v1-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v1"), 56, 504),
+    ("v1-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, runner="v1"), 49, 512),
 ]
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
 @pytest.mark.parametrize("config,count,largest", [c[1:] for c in SPEC_COUNTS], ids=[c[0] for c in SPEC_COUNTS])
-def test_spec_counts(runtime, config, count, largest):
-    sizes = list(runtime.capture_sizes(config))
-    expect_equal(len(sizes), count, invariant=INVARIANT, runtime=runtime, what="number of capture sizes", case=config)
-    expect_equal(sizes[-1], largest, invariant=INVARIANT, runtime=runtime, what="max capture size", case=config)
+def test_spec_counts(check, runtime, config, count, largest):
+    sizes = runtime.capture_sizes(config)
+    check.equal(len(sizes), count, what="number of capture sizes", source=SPEC, case=config)
+    check.equal(sizes[-1], largest, what="max capture size", source=SPEC, case=config)
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
@@ -47,24 +50,21 @@ def test_spec_counts(runtime, config, count, largest):
     (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=100),
      [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1), [2, 4]),  # 6 is above the max (5): dropped
+    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v1"), [2, 4]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
     # Every given size above max_num_batched_tokens: nothing is captured, every batch runs eager.
     (PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
-], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded", "user-q2-piecewise-unrounded",
-    "no-user-size-fits"])
-def test_spec_examples(runtime, config, expected):
-    expect_equal(list(runtime.capture_sizes(config)), expected, invariant=INVARIANT, runtime=runtime,
-                 what="capture sizes", case=config)
+], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded-v1", "user-q2-piecewise-unrounded",
+        "no-user-size-fits"])
+def test_spec_examples(check, runtime, config, expected):
+    check.equal(runtime.capture_sizes(config), expected, what="capture sizes", source=SPEC, case=config)
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
 @pytest.mark.parametrize("user_max,largest", [(257, 256), (256, 256), (250, 248), (3, 2), (1, 1)])
-def test_user_max_is_truncated_to_the_grid(runtime, user_max, largest):
+def test_user_max_is_truncated_to_the_grid(check, runtime, user_max, largest):
     config = PolicyConfig(max_num_seqs=256, max_capture_size=user_max)
-    sizes = list(runtime.capture_sizes(config))
-    expect_equal(sizes[-1], largest, invariant=INVARIANT, runtime=runtime, what="truncated max capture size",
-                 case=config)
+    check.equal(runtime.capture_sizes(config)[-1], largest, what="truncated max capture size", source=SPEC, case=config)
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
@@ -72,49 +72,53 @@ def test_user_max_is_truncated_to_the_grid(runtime, user_max, largest):
     (PolicyConfig(max_num_seqs=8, capture_sizes=()), ("capture_sizes",)),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 8), max_capture_size=4), ("capture_size",)),
     (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=32), ("max_num_batched_tokens", "max_num_seqs")),
-    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3), ()),
+    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v1"), ()),
 ], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q"])
-def test_bad_configs_are_rejected(runtime, config, mentions):
-    expect_error(lambda: runtime.capture_sizes(config), invariant=INVARIANT, runtime=runtime,
-                 what="an impossible config must be rejected", case=config, mentions=mentions)
+def test_bad_configs_are_rejected(check, runtime, config, mentions):
+    check.rejects(lambda: runtime.capture_sizes(config), what="an impossible config must be rejected",
+                  source=SPEC, case=config, mentions=mentions)
 
 
-def _sizes_or_error(call):
+def _answer(call):
     try:
-        return list(call())
-    except ValueError:
-        return "error"
+        return call()
+    except ValueError as exc:
+        return f"rejected: {exc}"
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
 @given(config=policy_configs())
-def test_sizes_match_the_oracle(runtime, config):
-    expected = _sizes_or_error(lambda: oracle.capture_sizes(config))
-    actual = _sizes_or_error(lambda: runtime.capture_sizes(config))
-    expect_equal(actual, expected, invariant=INVARIANT, runtime=runtime, what="capture sizes (oracle)", case=config)
+def test_sizes_match_the_oracle(check, runtime, config):
+    """Where the oracle rejects a config the runtime must too, and elsewhere give the same sizes."""
+    expected = _answer(lambda: oracle.capture_sizes(config))
+    actual = _answer(lambda: runtime.capture_sizes(config))
+    if isinstance(expected, str):
+        check.that(isinstance(actual, str), what="a config the spec rejects must be rejected", source=ORACLE,
+                   case=config, expected=expected, actual=actual)
+    else:
+        check.equal(actual, expected, what="capture sizes", source=ORACLE, case=config)
 
 
 @pytest.mark.requires("capture_sizes")
-@given(config=policy_configs())
-def test_sizes_are_sorted_unique_positive_and_fit_the_token_budget(runtime, config):
-    sizes = _sizes_or_error(lambda: runtime.capture_sizes(config))
-    if sizes == "error":
-        return
+@given(config=plain_configs())
+def test_sizes_are_sorted_unique_positive_and_fit_the_token_budget(check, runtime, config):
+    """Any bucket policy: an ordinary config (no user sizes, batched tokens >= seats) is answered."""
+    sizes = _answer(lambda: runtime.capture_sizes(config))
+    check.that(not isinstance(sizes, str), what="an ordinary config must be answered, not rejected",
+               source=OWN_POLICY, case=config, answer=sizes)
     budget = oracle.batched_tokens(config)
-    expect(config.mode != "NONE" or not sizes, invariant=INVARIANT, runtime=runtime, case=config,
-           what="mode NONE captures nothing, so it has no sizes", sizes=sizes)
-    expect(sizes == sorted(set(sizes)), invariant=INVARIANT, runtime=runtime, what="sorted and unique",
-           case=config, sizes=sizes)
-    expect(all(isinstance(s, int) and 1 <= s <= budget for s in sizes), invariant=INVARIANT, runtime=runtime,
-           what=f"every size in 1..max_num_batched_tokens ({budget})", case=config, sizes=sizes)
+    check.that(config.mode != "NONE" or not sizes, what="mode NONE captures nothing, so it has no sizes",
+               case=config, sizes=sizes)
+    check.that(sizes == sorted(set(sizes)), what="sizes are sorted and unique", case=config, sizes=sizes)
+    check.that(all(1 <= s <= budget for s in sizes), what=f"every size in 1..max_num_batched_tokens ({budget})",
+               case=config, sizes=sizes)
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy", "speculative")
-@given(config=policy_configs(modes=("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")))
-def test_full_decode_sizes_hold_whole_requests(runtime, config):
-    sizes = _sizes_or_error(lambda: runtime.capture_sizes(config))
-    if sizes == "error":
-        return
+@given(config=policy_configs(modes=("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), runners=("v1",)))
+def test_v1_full_decode_sizes_hold_whole_requests(check, runtime, config):
+    assume(not isinstance(_answer(lambda: oracle.capture_sizes(config)), str))
+    sizes = runtime.capture_sizes(config)
     q = config.query_len
-    expect(all(s % q == 0 for s in sizes), invariant=INVARIANT, runtime=runtime,
-           what=f"with FULL decode graphs every size is a multiple of q={q}", case=config, sizes=sizes)
+    check.that(all(s % q == 0 for s in sizes), what=f"with FULL decode graphs every size is a multiple of q={q}",
+               source=SPEC, case=config, sizes=sizes)

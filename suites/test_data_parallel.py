@@ -1,16 +1,21 @@
-"""Data-parallel consensus (SPEC 4, invariant 9): ranks agree on mode and padded size, on the
-lowest mode any rank dispatched, and never move up."""
+"""Data-parallel consensus, as policy (docs/spec.md section 4; invariant 9 of section 7).
+
+- Any runtime with `data_parallel` and `dispatch`: ranks agree on one mode and, under a graph
+  mode, one padded size; no rank moves above the lowest mode any rank dispatched alone (the
+  runtime's own dispatch()).
+- vLLM conformance (`vllm_policy`): the spec's examples, and drawn rank batches against the oracle.
+
+Ranks in separate processes are tested by test_data_parallel_execution.py.
+"""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import oracle
-from harness.compare import expect, expect_equal
-from harness.protocol import CONFIG_MODES, Descriptor, Dispatch, PolicyConfig, RankBatch
+from harness.protocol import Descriptor, Dispatch, PolicyConfig, RankBatch
+from harness.vocabulary import CONFIG_MODES, FAP, ORACLE, OWN_POLICY, RUNTIME_MODES, SPEC, lowest
 
 INVARIANT = "data-parallel consensus"
-ORDER = ["NONE", "PIECEWISE", "FULL"]
-FAP = "FULL_AND_PIECEWISE"
 
 
 @st.composite
@@ -40,43 +45,41 @@ EXAMPLES = [
 
 @pytest.mark.requires("data_parallel", "vllm_policy")
 @pytest.mark.parametrize("ranks,expected", [e[1:] for e in EXAMPLES], ids=[e[0] for e in EXAMPLES])
-def test_spec_examples(runtime, ranks, expected):
+def test_spec_examples(check, runtime, ranks, expected):
     config = PolicyConfig(max_num_seqs=64, mode=FAP)
-    expect_equal(list(runtime.dp_dispatch(config, ranks)), expected, invariant=INVARIANT, runtime=runtime,
-                 case=config, what=f"what each rank runs for {ranks}")
+    check.equal(runtime.dp_dispatch(config, ranks), expected, source=SPEC, case=config,
+                what=f"what each rank runs for {ranks}")
 
 
-@pytest.mark.requires("data_parallel")
+@pytest.mark.requires("data_parallel", "dispatch")
 @given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), data=st.data())
-def test_ranks_agree_and_never_move_up(runtime, mode, seqs, data):
+def test_ranks_agree_and_never_move_up(check, runtime, mode, seqs, data):
     config = PolicyConfig(max_num_seqs=seqs, mode=mode)
     ranks = data.draw(rank_batches(seqs), label="ranks")
-    agreed = list(runtime.dp_dispatch(config, ranks))
+    agreed = runtime.dp_dispatch(config, ranks)
     alone = [runtime.dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
-    expect(len(agreed) == len(ranks), invariant=INVARIANT, runtime=runtime, case=config,
-           what="one answer per rank", ranks=ranks, agreed=agreed)
-    expect(len({d.runtime_mode for d in agreed}) == 1, invariant=INVARIANT, runtime=runtime, case=config,
-           what="every rank runs the same mode", ranks=ranks, agreed=agreed)
+    check.that(len({d.runtime_mode for d in agreed}) == 1, what="every rank runs the same mode", case=config,
+               ranks=ranks, agreed=agreed)
     if agreed[0].runtime_mode == "NONE":
-        expect(all(d.descriptor.num_tokens in (r.num_tokens, a.descriptor.num_tokens) for d, r, a in
-                   zip(agreed, ranks, alone)), invariant=INVARIANT, runtime=runtime, case=config,
-               what="agreed on eager, a rank runs at its own size (as its own dispatch chose)", ranks=ranks,
-               agreed=agreed)
+        check.that(all(d.descriptor.num_tokens in (r.num_tokens, a.descriptor.num_tokens)
+                       for d, r, a in zip(agreed, ranks, alone)), source=OWN_POLICY, case=config,
+                   what="agreed on eager, a rank runs at its own size (as its own dispatch chose)", ranks=ranks,
+                   agreed=agreed)
     else:
-        expect(len({d.descriptor.num_tokens for d in agreed}) == 1, invariant=INVARIANT, runtime=runtime,
-               case=config, what="every rank runs the same padded size", ranks=ranks, agreed=agreed)
-        expect(all(d.descriptor.num_tokens >= r.num_tokens for d, r in zip(agreed, ranks)), invariant=INVARIANT,
-               runtime=runtime, case=config, what="no rank is padded below its batch", ranks=ranks, agreed=agreed)
-    lowest = min((d.runtime_mode for d in alone), key=ORDER.index)
-    expect(ORDER.index(agreed[0].runtime_mode) <= ORDER.index(lowest), invariant=INVARIANT, runtime=runtime,
-           case=config, what=f"ranks must not move above the lowest local mode ({lowest})", ranks=ranks,
-           agreed=agreed)
+        check.that(len({d.descriptor.num_tokens for d in agreed}) == 1, what="every rank runs the same padded size",
+                   case=config, ranks=ranks, agreed=agreed)
+        check.that(all(d.descriptor.num_tokens >= r.num_tokens for d, r in zip(agreed, ranks)), case=config,
+                   what="no rank is padded below its batch", ranks=ranks, agreed=agreed)
+    floor = lowest(d.runtime_mode for d in alone)
+    check.that(RUNTIME_MODES.index(agreed[0].runtime_mode) <= RUNTIME_MODES.index(floor), source=OWN_POLICY,
+               case=config, what=f"ranks must not move above the lowest mode a rank dispatched alone ({floor})",
+               ranks=ranks, agreed=agreed, alone=alone)
 
 
 @pytest.mark.requires("data_parallel", "vllm_policy")
 @given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), data=st.data())
-def test_matches_the_oracle(runtime, mode, seqs, data):
+def test_matches_the_oracle(check, runtime, mode, seqs, data):
     config = PolicyConfig(max_num_seqs=seqs, mode=mode)
     ranks = data.draw(rank_batches(seqs), label="ranks")
-    expect_equal(list(runtime.dp_dispatch(config, ranks)), oracle.dp_dispatch(config, ranks), invariant=INVARIANT,
-                 runtime=runtime, case=config, what=f"what each rank runs for {ranks}")
+    check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
+                what=f"what each rank runs for {ranks}")

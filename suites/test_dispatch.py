@@ -1,21 +1,27 @@
-"""Dispatch (SPEC 4): BatchDescriptor keys and the FULL > PIECEWISE > NONE choice."""
+"""Dispatch (docs/spec.md section 4): graph keys and the FULL > PIECEWISE > NONE choice.
+
+- vLLM conformance (`vllm_policy`): the spec's examples, and every token count of many configs
+  against the oracle; LoRA counts.
+- Any runtime with `dispatch`: the mode is one its config mode can run (a mixed batch never runs
+  the decode routine), an eager dispatch is unpadded, a graph dispatch pads up, and where the
+  runtime also declares its sizes, a key's num_tokens is its own padded_size().
+"""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import oracle
-from harness.compare import expect, expect_equal
-from harness.protocol import CONFIG_MODES, RUNTIME_MODES, Descriptor, Dispatch, PolicyConfig
+from harness.protocol import Descriptor, Dispatch, PolicyConfig
+from harness.vocabulary import CONFIG_MODES, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
 
 INVARIANT = "dispatch"
-FAP, FDO = "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"
 
 
 def _config(mode, seqs=64, **kw):
     return PolicyConfig(max_num_seqs=seqs, mode=mode, **kw)
 
 
-# (config, num_tokens, num_reqs, uniform, expected) written from SPEC 4.
+# (config, num_tokens, num_reqs, uniform, expected) written from spec section 4.
 EXAMPLES = [
     ("fap-uniform-b5", _config(FAP), 5, 5, True, Dispatch("FULL", Descriptor(8, 8, True))),
     ("fap-mixed-b5", _config(FAP), 5, 2, False, Dispatch("PIECEWISE", Descriptor(8, None, False))),
@@ -34,28 +40,28 @@ EXAMPLES = [
     # Uniform keys stop at q * max_num_seqs: 5 requests pad to 8 > 1 * 6, which has no decode key.
     ("fap-uniform-above-q-seqs", _config(FAP, seqs=6, capture_sizes=(4, 8)), 5, 5, True,
      Dispatch("PIECEWISE", Descriptor(8, None, False))),
-    ("q2-uniform", _config(FAP, num_speculative_tokens=1), 6, 3, True, Dispatch("FULL", Descriptor(8, 4, True))),
-    ("q3-uniform", _config(FAP, num_speculative_tokens=2), 9, 3, True, Dispatch("FULL", Descriptor(9, 3, True))),
+    ("v1-q2-uniform", _config(FAP, num_speculative_tokens=1, runner="v1"), 6, 3, True, Dispatch("FULL", Descriptor(8, 4, True))),
+    ("v1-q3-uniform", _config(FAP, num_speculative_tokens=2, runner="v1"), 9, 3, True, Dispatch("FULL", Descriptor(9, 3, True))),
 ]
 
 
 @pytest.mark.requires("dispatch", "vllm_policy")
 @pytest.mark.parametrize("config,tokens,reqs,uniform,expected", [e[1:] for e in EXAMPLES], ids=[e[0] for e in EXAMPLES])
-def test_spec_examples(runtime, config, tokens, reqs, uniform, expected):
+def test_spec_examples(check, runtime, config, tokens, reqs, uniform, expected):
     got = runtime.dispatch(config, tokens, reqs, uniform)
-    expect_equal(got, expected, invariant=INVARIANT, runtime=runtime, case=config,
-                 what=f"dispatch of {tokens} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
+    check.equal(got, expected, source=SPEC, case=config,
+                what=f"dispatch of {tokens} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
 
 
 SWEEP = [_config(m, seqs) for m in CONFIG_MODES for seqs in (8, 64, 264)] + [
-    _config(m, 32, num_speculative_tokens=k) for m in CONFIG_MODES for k in (1, 2)
+    _config(m, 32, num_speculative_tokens=k, runner="v1") for m in CONFIG_MODES for k in (1, 2)
 ] + [_config(FAP, 16, capture_sizes=(2, 6, 10, 40))]
 
 
 @pytest.mark.requires("dispatch", "vllm_policy")
 @pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c.mode}-seqs{c.max_num_seqs}-q{c.query_len}"
                          + ("-user" if c.capture_sizes else ""))
-def test_every_batch_matches_the_oracle(runtime, config):
+def test_every_batch_matches_the_oracle(check, runtime, config):
     """Every token count from 1 to past the max, uniform and mixed, at every bucket boundary."""
     largest = max(oracle.capture_sizes(config), default=16)
     q = config.query_len
@@ -66,38 +72,57 @@ def test_every_batch_matches_the_oracle(runtime, config):
         for n, reqs, uniform in cases:
             expected = oracle.dispatch(config, n, reqs, uniform)
             got = runtime.dispatch(config, n, reqs, uniform)
-            expect_equal(got, expected, invariant=INVARIANT, runtime=runtime, case=config,
-                         what=f"dispatch of {n} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
+            check.equal(got, expected, source=ORACLE, case=config,
+                        what=f"dispatch of {n} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
 
 
 @pytest.mark.requires("dispatch")
 @given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
-def test_runtime_mode_is_valid_for_the_config_mode(runtime, mode, seqs, data):
-    """Only NONE/PIECEWISE/FULL run; a mode never runs a routine its config mode does not have."""
+def test_runtime_mode_is_one_the_config_mode_can_run(check, runtime, mode, seqs, data):
+    """A uniform batch may run the decode or the mixed routine (or eager); any other batch only
+    the mixed routine (or eager). Eager is unpadded; a graph pads up, never down."""
     config = _config(mode, seqs)
     tokens = data.draw(st.integers(1, 3 * seqs + 8), label="num_tokens")
     uniform = data.draw(st.booleans(), label="uniform") and tokens <= seqs
     reqs = tokens if uniform else data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs")
     got = runtime.dispatch(config, tokens, reqs, uniform)
-    allowed = {"NONE": {"NONE"}, "PIECEWISE": {"NONE", "PIECEWISE"}, "FULL": {"NONE", "FULL"},
-               FDO: {"NONE", "FULL"}, FAP: {"NONE", "PIECEWISE", "FULL"}}[mode]
-    expect(got.runtime_mode in RUNTIME_MODES and got.runtime_mode in allowed, invariant=INVARIANT,
-           runtime=runtime, case=config, what=f"runtime mode must be one of {sorted(allowed)}", got=got)
+    decode, mixed = ROUTINES[mode]
+    allowed = {"NONE", mixed} | ({decode} if uniform else set())
+    check.that(got.runtime_mode in allowed, what=f"a {'uniform' if uniform else 'mixed'} batch under {mode} "
+               f"runs one of {sorted(allowed)}", source=SPEC, case=config, got=got)
     if got.runtime_mode == "NONE":
-        expect(got.descriptor.num_tokens == tokens, invariant=INVARIANT, runtime=runtime, case=config,
-               what="an eager step is not padded", got=got)
+        check.equal(got.descriptor.num_tokens, tokens, what="an eager step is not padded", source=SPEC, case=config)
     else:
-        expect(got.descriptor.num_tokens >= tokens, invariant=INVARIANT, runtime=runtime, case=config,
-               what="a graph step is padded up, never down", got=got)
+        check.that(got.descriptor.num_tokens >= tokens, what="a graph step is padded up, never down", source=SPEC,
+                   case=config, got=got)
+
+
+@pytest.mark.requires("dispatch", "capture_sizes")
+@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
+def test_a_graph_key_is_the_runtimes_own_padded_size(check, runtime, mode, seqs, data):
+    config = _config(mode, seqs)
+    tokens = data.draw(st.integers(1, 3 * seqs + 8), label="num_tokens")
+    uniform = data.draw(st.booleans(), label="uniform") and tokens <= seqs
+    reqs = tokens if uniform else data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs")
+    got = runtime.dispatch(config, tokens, reqs, uniform)
+    if got.runtime_mode != "NONE":
+        check.equal(got.descriptor.num_tokens, runtime.padded_size(config, tokens), source=OWN_POLICY, case=config,
+                    what=f"the key of a {got.runtime_mode} dispatch of {tokens} tokens vs padded_size()")
+
+
+@pytest.mark.requires("dispatch", "vllm_policy")
+@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
+def test_piecewise_keys_are_relaxed(check, runtime, mode, seqs, data):
+    """vLLM's PIECEWISE graphs serve any request count and batch kind: num_reqs None, not uniform."""
+    config = _config(mode, seqs)
+    tokens = data.draw(st.integers(1, 2 * seqs + 8), label="num_tokens")
+    got = runtime.dispatch(config, tokens, data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs"), False)
     if got.runtime_mode == "PIECEWISE":
-        expect(got.descriptor.num_reqs is None and not got.descriptor.uniform, invariant=INVARIANT,
-               runtime=runtime, case=config, what="PIECEWISE keys are relaxed (num_reqs None, not uniform)", got=got)
-    if mode == FDO and not uniform:
-        expect(got.runtime_mode == "NONE", invariant=INVARIANT, runtime=runtime, case=config,
-               what="FULL_DECODE_ONLY runs mixed batches eager", got=got)
+        check.that(got.descriptor.num_reqs is None and not got.descriptor.uniform, source=SPEC, case=config,
+                   what="PIECEWISE keys are relaxed (num_reqs None, not uniform)", got=got)
 
 
-# LoRA (SPEC 4): counts are powers of two up to max_loras plus max_loras + 1.
+# LoRA (spec section 4): counts are powers of two up to max_loras plus max_loras + 1.
 LORA = [
     ("spec-3-of-4", dict(max_loras=4, specialize_active_loras=True), 3, 4),
     ("spec-1-of-4", dict(max_loras=4, specialize_active_loras=True), 1, 1),
@@ -110,17 +135,17 @@ LORA = [
 
 @pytest.mark.requires("dispatch", "lora", "vllm_policy")
 @pytest.mark.parametrize("options,active,captured", [c[1:] for c in LORA], ids=[c[0] for c in LORA])
-def test_lora_counts_round_up_to_a_captured_case(runtime, options, active, captured):
+def test_lora_counts_round_up_to_a_captured_case(check, runtime, options, active, captured):
     config = _config(FAP, **options)
     got = runtime.dispatch(config, 5, 5, True, num_active_loras=active)
-    expect_equal(got, Dispatch("FULL", Descriptor(8, 8, True, True, captured)), invariant=INVARIANT,
-                 runtime=runtime, case=config, what=f"dispatch of a decode batch with {active} active adapters")
+    check.equal(got, Dispatch("FULL", Descriptor(8, 8, True, True, captured)), source=SPEC, case=config,
+                what=f"dispatch of a decode batch with {active} active adapters")
 
 
 @pytest.mark.requires("dispatch", "lora", "vllm_policy")
-def test_without_specialisation_a_batch_without_lora_has_no_graph(runtime):
+def test_without_specialisation_a_batch_without_lora_has_no_graph(check, runtime):
     """Only max_loras + 1 is captured, so a batch with no adapter finds no key and runs eager."""
     config = _config(FAP, max_loras=2, specialize_lora=False)
     got = runtime.dispatch(config, 5, 5, True, num_active_loras=0)
-    expect_equal(got.runtime_mode, "NONE", invariant=INVARIANT, runtime=runtime, case=config,
-                 what="dispatch of a no-LoRA batch when only LoRA graphs exist")
+    check.equal(got.runtime_mode, "NONE", source=SPEC, case=config,
+                what="dispatch of a no-LoRA batch when only LoRA graphs exist")

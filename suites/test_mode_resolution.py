@@ -1,59 +1,63 @@
-"""Mode resolution (SPEC 5): what a requested mode becomes for the weakest attention backend.
+"""Mode resolution (docs/spec.md section 5): what a requested mode becomes for the weakest
+attention backend.
 
-Expected cells are the SPEC table, as data in `harness.oracle`; every downgrade must warn.
+- vLLM conformance (`vllm_policy`): the spec's table cell by cell, its variants without
+  piecewise graphs, with empty splitting ops and with q > 1; rejections that suggest what works;
+  modes without FULL graphs do not depend on attention support.
+- Any runtime with `mode_resolution`: every answer is a config mode, echoes the request, keeps
+  no FULL graphs over attention that cannot be captured, and no downgrade is silent. Runtimes
+  without vLLM's compilation options are asked only the default variant.
 """
 import itertools
 
 import pytest
 
-from harness import oracle
-from harness.compare import expect, expect_equal, expect_error
-from harness.protocol import CONFIG_MODES, SUPPORT_LEVELS, ResolveRequest
+from harness.protocol import ResolveRequest
+from harness.records import ResolutionCell
+from harness.vocabulary import CONFIG_MODES, OWN_POLICY, SHORT_NAMES, SPEC, SUPPORT_LEVELS, expected_resolution
 
 INVARIANT = "mode resolution"
-SHORT = {"UNIFORM_SINGLE_TOKEN_DECODE": "USTD"}
 
 
 def _cells(**variant):
-    for mode, support in itertools.product(CONFIG_MODES, oracle.SUPPORTS):
-        expected = oracle.expected_resolution(mode, support, **variant)
+    for mode, support in itertools.product(CONFIG_MODES, SUPPORT_LEVELS):
+        expected = expected_resolution(mode, support, **variant)
         if expected.error or expected.resolved is not None:
             yield pytest.param(ResolveRequest(mode, support, **variant), expected,
-                               id=f"{mode}-{SHORT.get(support, support)}")
+                               id=f"{mode}-{SHORT_NAMES.get(support, support)}")
 
 
-def _check(runtime, request, expected, record_property, variant):
-    record = {"variant": variant, "requested": request.mode, "support": request.support}
+def _check(check, runtime, record, request, expected, variant):
+    cell = dict(variant=variant, requested=request.mode, support=request.support)
     if expected.error:
-        record_property("resolution", {**record, "resolved": "error"})
-        expect_error(lambda: runtime.resolve_mode(request), invariant=INVARIANT, runtime=runtime, case=request,
-                     what="this request cannot be honoured and must be rejected", mentions=("PIECEWISE",))
+        record(ResolutionCell(**cell, resolved="error"))
+        check.rejects(lambda: runtime.resolve_mode(request), what="this request cannot be honoured and must be rejected",
+                      source=SPEC, case=request, mentions=("PIECEWISE",))
         return
     result = runtime.resolve_mode(request)
-    record_property("resolution", {**record, "resolved": result.resolved})
-    expect_equal(result.resolved, expected.resolved, invariant=INVARIANT, runtime=runtime, case=request,
-                 what="resolved mode")
+    record(ResolutionCell(**cell, resolved=result.resolved))
+    check.equal(result.resolved, expected.resolved, what="resolved mode", source=SPEC, case=request)
     if result.resolved != request.mode:
-        expect(bool(result.warnings), invariant=INVARIANT, runtime=runtime, case=request,
-               what=f"the downgrade {request.mode} -> {result.resolved} must warn", warnings=result.warnings)
+        check.that(bool(result.warnings), what=f"the downgrade {request.mode} -> {result.resolved} must warn",
+                   source=SPEC, case=request, warnings=result.warnings)
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells()))
-def test_default_table(runtime, record_property, request_, expected):
-    _check(runtime, request_, expected, record_property, "default")
+def test_default_table(check, runtime, record, request_, expected):
+    _check(check, runtime, record, request_, expected, "default")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells(attention_in_splitting_ops=False)))
-def test_without_attention_in_splitting_ops(runtime, record_property, request_, expected):
-    _check(runtime, request_, expected, record_property, "no attention in splitting_ops")
+def test_without_attention_in_splitting_ops(check, runtime, record, request_, expected):
+    _check(check, runtime, record, request_, expected, "no attention in splitting_ops")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("request_,expected", list(_cells(splitting_ops_empty=True)))
-def test_with_empty_splitting_ops(runtime, record_property, request_, expected):
-    _check(runtime, request_, expected, record_property, "empty splitting_ops")
+def test_with_empty_splitting_ops(check, runtime, record, request_, expected):
+    _check(check, runtime, record, request_, expected, "empty splitting_ops")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")
@@ -62,42 +66,46 @@ def test_with_empty_splitting_ops(runtime, record_property, request_, expected):
     *_cells(num_speculative_tokens=3),
     *_cells(num_speculative_tokens=2, attention_in_splitting_ops=False),
 ])
-def test_speculative_decoding(runtime, record_property, request_, expected):
+def test_speculative_decoding(check, runtime, record, request_, expected):
     variant = f"q={1 + request_.num_speculative_tokens}" + ("" if request_.attention_in_splitting_ops else ", no piecewise")
-    _check(runtime, request_, expected, record_property, variant)
+    _check(check, runtime, record, request_, expected, variant)
 
 
-VARIANTS = [dict(num_speculative_tokens=k, attention_in_splitting_ops=a, splitting_ops_empty=e)
-            for k, a, e in itertools.product((0, 1, 3), (True, False), (False, True))]
-
-
-@pytest.mark.requires("mode_resolution")
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={int(x)}" for k, x in v.items()))
-def test_every_downgrade_warns_and_lands_on_a_config_mode(runtime, variant):
-    for mode, support in itertools.product(CONFIG_MODES, SUPPORT_LEVELS):
-        request = ResolveRequest(mode, support, **variant)
-        try:
-            result = runtime.resolve_mode(request)
-        except ValueError as exc:
-            expect(bool(str(exc).strip()), invariant=INVARIANT, runtime=runtime, case=request,
-                   what="a rejection must say why")
-            continue
-        expect(result.resolved in CONFIG_MODES, invariant=INVARIANT, runtime=runtime, case=request,
-               what="the resolved mode must be a config mode", result=result)
-        expect(result.requested == mode, invariant=INVARIANT, runtime=runtime, case=request,
-               what="the result must echo the requested mode", result=result)
-        if result.resolved != mode:
-            expect(bool(result.warnings), invariant=INVARIANT, runtime=runtime, case=request,
-                   what=f"silent downgrade {mode} -> {result.resolved}: every downgrade must warn", result=result)
-        if support == "NEVER":
-            expect(result.resolved in ("NONE", "PIECEWISE"), invariant=INVARIANT, runtime=runtime, case=request,
-                   what="attention that cannot be captured leaves no FULL graphs", result=result)
-
-
-@pytest.mark.requires("mode_resolution")
+@pytest.mark.requires("mode_resolution", "vllm_policy")
 @pytest.mark.parametrize("support", SUPPORT_LEVELS)
-def test_none_and_piecewise_never_change_with_piecewise_available(runtime, support):
+def test_none_and_piecewise_do_not_depend_on_attention_support(check, runtime, support):
     for mode in ("NONE", "PIECEWISE"):
         request = ResolveRequest(mode, support)
-        expect_equal(runtime.resolve_mode(request).resolved, mode, invariant=INVARIANT, runtime=runtime,
-                     case=request, what="modes without FULL graphs do not depend on attention support")
+        check.equal(runtime.resolve_mode(request).resolved, mode, source=SPEC, case=request,
+                    what="with piecewise graphs available, NONE stays NONE and PIECEWISE stays PIECEWISE")
+
+
+VLLM_VARIANTS = [dict(num_speculative_tokens=k, attention_in_splitting_ops=a, splitting_ops_empty=e)
+                 for k, a, e in itertools.product((0, 1, 3), (True, False), (False, True))]
+PLAIN_VARIANTS = [dict(num_speculative_tokens=k) for k in (0, 1)]
+
+
+def _variants(runtime):
+    if runtime.capabilities.vllm_policy:
+        return VLLM_VARIANTS
+    return PLAIN_VARIANTS if runtime.capabilities.speculative else PLAIN_VARIANTS[:1]
+
+
+@pytest.mark.requires("mode_resolution")
+def test_every_downgrade_warns_and_lands_on_a_config_mode(check, runtime):
+    for variant in _variants(runtime):
+        for mode, support in itertools.product(CONFIG_MODES, SUPPORT_LEVELS):
+            request = ResolveRequest(mode, support, **variant)
+            try:
+                result = runtime.resolve_mode(request)
+            except ValueError as exc:
+                check.that(bool(str(exc).strip()), what="a rejection must say why", case=request)
+                continue
+            check.that(result.requested == mode, what="the result must echo the requested mode", case=request,
+                       source=OWN_POLICY, result=result)
+            if result.resolved != mode:
+                check.that(bool(result.warnings), what=f"silent downgrade {mode} -> {result.resolved}: every "
+                           "downgrade must warn", source=SPEC, case=request, result=result)
+            if support == "NEVER":
+                check.that(result.resolved in ("NONE", "PIECEWISE"), source=SPEC, case=request, result=result,
+                           what="attention that cannot be captured leaves no FULL graphs")

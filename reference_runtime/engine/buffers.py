@@ -28,7 +28,6 @@ class Layout:
 
     num_tokens: int  # padded
     num_real_tokens: int
-    num_real_reqs: int
     uniform_q: int | None
     input_ids: list[int]
     positions: list[int]
@@ -90,7 +89,7 @@ def plan_layout(requests: list[Request], allocator: BlockAllocator, num_tokens: 
         starts.append(starts[-1] + size)
     if len(seq_lens) > max_rows:
         raise ValueError(f"{len(seq_lens)} request rows do not fit the {max_rows} rows of the static buffers")
-    return Layout(num_tokens, real, len(requests), uniform, ids, positions, slots, token_req, tables,
+    return Layout(num_tokens, real, uniform, ids, positions, slots, token_req, tables,
                   seq_lens, starts)
 
 

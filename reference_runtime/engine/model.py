@@ -4,59 +4,26 @@ The forward is: embed, then per layer [norm, fused QKV, RoPE] -> attention -> [o
 projection, residual, norm, SwiGLU MLP, residual], then final norm and LM head. The parts
 between two attention calls are the *pieces* that PIECEWISE mode captures one graph each for;
 attention itself is a callable the engine passes in (eager between pieces, or inside one FULL
-graph). Weights come from a seeded, randomly initialised `transformers` LlamaForCausalLM.
+graph). Weights come from a Hugging Face Llama checkpoint (the harness writes one per preset).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class Preset:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    max_positions: int = 2048
+from harness import presets
 
 
-PRESETS = {
-    "tiny": Preset(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, max_positions=512),
-    "small": Preset(layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1408, vocab=32000),
-    "medium": Preset(layers=24, hidden=1024, heads=16, kv_heads=8, intermediate=2816, vocab=32000),
-}
-
-
-def hf_config(preset: str | Preset):
-    """The transformers LlamaConfig for a preset."""
-    from transformers import LlamaConfig
-
-    if isinstance(preset, str):
-        if preset not in PRESETS:
-            raise ValueError(f"unknown model preset {preset!r}; expected one of {', '.join(PRESETS)}")
-        preset = PRESETS[preset]
-    return LlamaConfig(
-        vocab_size=preset.vocab, hidden_size=preset.hidden, intermediate_size=preset.intermediate,
-        num_hidden_layers=preset.layers, num_attention_heads=preset.heads, num_key_value_heads=preset.kv_heads,
-        max_position_embeddings=preset.max_positions, tie_word_embeddings=False,
-    )
-
-
-def seeded_hf_model(preset: str | Preset, seed: int = 0):
-    """A randomly initialised transformers model; the same seed gives the same weights."""
+def load_hf_model(checkpoint: str | None, preset: str, seed: int):
+    """The transformers model whose weights the decoder takes: from a checkpoint folder when one
+    is given (the harness hands its own), else the preset's seeded weights."""
+    if checkpoint is None:
+        return presets.seeded_model(preset, seed)
     from transformers import LlamaForCausalLM
 
-    config = hf_config(preset)
-    config._attn_implementation = "eager"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
 
 def rope_theta(config) -> float:

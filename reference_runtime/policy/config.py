@@ -23,6 +23,7 @@ class PolicyConfig:
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # capture separate no-LoRA and LoRA graphs
     specialize_active_loras: bool = False  # one graph per captured active-adapter count
+    runner: str = "v1"  # vLLM's model runner whose rules apply (docs/spec.md section 3)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", CUDAGraphMode.parse(self.mode))

@@ -28,11 +28,6 @@ class BatchDescriptor:
         return replace(self, num_reqs=None, uniform=False)
 
 
-def is_uniform_decode(query_lens: list[int], query_len: int) -> bool:
-    """Every request has exactly q tokens (so num_tokens = q * num_reqs)."""
-    return bool(query_lens) and all(n == query_len for n in query_lens)
-
-
 class Dispatcher:
     """Holds the valid keys per runtime mode and picks FULL > PIECEWISE > NONE for a batch."""
 

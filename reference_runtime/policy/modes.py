@@ -47,9 +47,6 @@ class CUDAGraphMode(enum.Enum):
     def has_piecewise(self) -> bool:
         return CUDAGraphMode.PIECEWISE in self.routines
 
-    def is_runtime_mode(self) -> bool:
-        return self in RUNTIME_MODES
-
 
 _ROUTINES = {
     CUDAGraphMode.NONE: (CUDAGraphMode.NONE, CUDAGraphMode.NONE),
@@ -63,14 +60,6 @@ RUNTIME_MODES = (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 
 # Order used by data-parallel consensus: ranks agree on the lowest.
 RUNTIME_MODE_RANK = {CUDAGraphMode.NONE: 0, CUDAGraphMode.PIECEWISE: 1, CUDAGraphMode.FULL: 2}
-
-# Defaults by optimisation level; enforce-eager means NONE and no capture.
-MODE_FOR_LEVEL = {
-    0: CUDAGraphMode.NONE,
-    1: CUDAGraphMode.PIECEWISE,
-    2: CUDAGraphMode.FULL_AND_PIECEWISE,
-}
-
 
 class AttentionCGSupport(enum.IntEnum):
     """How much of a batch an attention backend can run inside a captured graph.

@@ -1,29 +1,39 @@
-"""Counting what a step submits, measured by the harness rather than reported by the runtime.
+"""What one call submits, measured by the harness rather than reported by the runtime.
 
-On CUDA the profiler sees each kernel launch, graph launch and copy. On the CPU emulator a
-dispatch-mode counter sees every aten op that runs outside a graph (a graph replay is opaque
-to it, as a CUDA graph is to the profiler), so graph modes show only what runs around them.
+On CUDA the profiler sees each kernel launch, graph launch and copy. On the CPU an op counter
+sees every aten op that runs outside a graph, and the graph log (harness.graphs.log) counts the
+emulated replays and the ops inside them; to the op counter a replay is opaque, as a CUDA graph
+is to the profiler. A stand-in that "replays" by calling the same Python function again shows
+up here as eager ops, not as a graph launch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .log import LOG
+
 # Ops that move no data: views, metadata and allocation. A graph would not launch a kernel for them.
 _FREE = {"detach", "alias", "empty", "empty_like", "empty_strided", "lift_fresh", "_local_scalar_dense"}
+_KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+_GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
 
 
 @dataclass
 class Submissions:
-    kernels: int  # kernel launches (CUDA) or data-moving ops (CPU)
-    graphs: int | None  # graph launches; None where the counter cannot see them
-    copies: int  # memcpy calls (CUDA) or copy ops (CPU), included in kernels on CPU
+    kernels: int  # kernel launches outside graphs (CUDA) or data-moving aten ops outside graphs (CPU)
+    graphs: int  # graph launches
+    copies: int  # memcpy calls (CUDA) or copy ops (CPU, also counted in kernels)
+    ops_in_graphs: int | None = None  # ops the launched graphs ran (emulator only)
 
     def describe(self) -> str:
-        graphs = "?" if self.graphs is None else self.graphs
-        return f"{self.kernels} kernels/ops, {graphs} graph launches, {self.copies} copies"
+        inside = "" if self.ops_in_graphs is None else f" ({self.ops_in_graphs} ops inside)"
+        return f"{self.kernels} kernels/ops, {self.graphs} graph launches{inside}, {self.copies} copies"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class _OpCounter(TorchDispatchMode):
@@ -44,10 +54,12 @@ def count(fn, device: str) -> Submissions:
     """Run fn once and count what it submitted."""
     if device == "cuda":
         return _count_cuda(fn)
+    before = LOG.snapshot()
     counter = _OpCounter()
     with counter:
         fn()
-    return Submissions(counter.ops, None, counter.copies)
+    seen = LOG.since(before)
+    return Submissions(counter.ops, seen.replays, counter.copies, seen.ops_in_replays)
 
 
 def _count_cuda(fn) -> Submissions:
@@ -60,9 +72,9 @@ def _count_cuda(fn) -> Submissions:
     kernels = graphs = copies = 0
     for event in prof.events():
         name = event.name
-        if name in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC"):
+        if name in _KERNEL_LAUNCHES:
             kernels += 1
-        elif name in ("cudaGraphLaunch", "cuGraphLaunch"):
+        elif name in _GRAPH_LAUNCHES:
             graphs += 1
         elif name.startswith(("cudaMemcpy", "cuMemcpy")):
             copies += 1

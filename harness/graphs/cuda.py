@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
+from .log import watch_cuda_graphs
 
 
 class CudaGraph(CapturedGraph):
@@ -37,6 +38,7 @@ class CudaGraphBackend(GraphBackend):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         super().__init__(debug)
+        watch_cuda_graphs()
         with torch.cuda.device(self.device):
             self._pools = [torch.cuda.graph_pool_handle()]  # the last is current; see below
             self._capture_stream = torch.cuda.Stream(self.device)

@@ -1,6 +1,14 @@
-"""A CPU emulation of CUDA graphs, so CI without a GPU runs every correctness suite.
+"""A CPU emulation of CUDA graphs, shaped like `torch.cuda`'s API, so an engine's graph code runs
+in CI without a GPU and its capture bugs show there:
 
-Capture runs the callable once while recording every aten op it dispatches. Replay re-runs the
+    cg = torch.cuda if on_gpu else harness.graphs.emulator   # the one line that differs
+    g = cg.CUDAGraph()
+    with cg.graph(g):
+        static_out = step(static_in)
+    static_in.copy_(new_data)
+    g.replay()                                               # static_out now holds the result
+
+Capture runs the code once while recording every aten op it dispatches. Replay re-runs the
 recorded ops in order on the SAME tensor objects and copies each fresh result into the tensor
 recorded at capture, so static buffers, intermediates and outputs keep their addresses. As with
 a real graph, Python control flow and Python scalars are frozen at capture, a replaced input
@@ -21,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
+from .log import LOG
 
 aten = torch.ops.aten
 
@@ -118,16 +127,52 @@ def _replay_step(func, args, kwargs, output, fresh) -> tuple | None:
     return (func, args, kwargs, tuple(fresh))
 
 
-class EmulatedGraph(CapturedGraph):
-    def __init__(self, backend, name, output, input_addresses, steps: list[tuple]):
-        super().__init__(backend, name, output, input_addresses)
-        self._steps = steps
-        self.num_ops = len(steps)
+class CUDAGraph:
+    """An emulated `torch.cuda.CUDAGraph`: capture with `graph(g)`, then `replay()`.
 
-    def _launch(self) -> None:
+    `name` (an extension) appears in capture errors; `num_ops` is what one replay runs and
+    `held_bytes` what its intermediates hold (a real graph keeps them in its memory pool).
+    """
+
+    def __init__(self, keep_graph: bool = False, name: str = ""):
+        self.name = name
+        self.num_ops = 0
+        self.held_bytes = 0
+        self._steps: list[tuple] | None = None
+        self._modes: tuple | None = None
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        if self._modes is not None:
+            raise CaptureError(f"graph {self.name!r}: capture_begin inside its own capture")
+        if self._steps is not None:
+            raise CaptureError(f"graph {self.name!r} is already captured; reset() it or make a new one")
+        self._modes = (_HostReadGuard(self.name), _RecordingMode(self.name))
+        for mode in self._modes:
+            mode.__enter__()
+
+    def capture_end(self, failed: bool = False) -> None:
+        guard, recorder = self._modes
+        self._modes = None
+        recorder.__exit__(None, None, None)
+        guard.__exit__(None, None, None)
+        if failed:
+            return
+        steps = []
+        for func, args, kwargs, op_output in recorder.ops:
+            fresh = _fresh_outputs(args, kwargs, op_output)
+            self.held_bytes += sum(t.untyped_storage().nbytes() for _, t in fresh)
+            if (step := _replay_step(func, args, kwargs, op_output, fresh)) is not None:
+                steps.append(step)
+        self._steps, self.num_ops = steps, len(steps)
+        LOG.captures += 1
+        LOG.held_bytes += self.held_bytes
+
+    def replay(self) -> None:
+        if self._steps is None:
+            raise RuntimeError(f"graph {self.name!r}: replay() before a capture")
         # Replay never builds autograd state, whatever mode the caller is in. It is one opaque
-        # submission, as a CUDA graph is to a profiler: dispatch modes outside (an op counter
-        # in the harness, say) do not see the ops inside.
+        # submission, as a CUDA graph is to a profiler: dispatch modes outside (an op counter,
+        # say) do not see the ops inside; the graph log counts them instead.
         with torch.inference_mode(), torch._C._DisableTorchDispatch():
             for func, args, kwargs, copy_into in self._steps:
                 result = func(*args, **kwargs)
@@ -139,6 +184,45 @@ class EmulatedGraph(CapturedGraph):
                         recorded.copy_(leaves[index])
                 else:
                     copy_into.copy_(result)
+        LOG.replays += 1
+        LOG.ops_in_replays += self.num_ops
+
+    def reset(self) -> None:
+        self._steps, self.num_ops, self.held_bytes = None, 0, 0
+
+    def pool(self) -> tuple[int, int]:
+        return (id(self), 0)
+
+
+class graph:
+    """The emulated `torch.cuda.graph` context manager: records the block into `cuda_graph`.
+
+    `pool`, `stream` and `capture_error_mode` are accepted for the same call to work on both;
+    the emulator has no memory pool or streams.
+    """
+
+    def __init__(self, cuda_graph: CUDAGraph, pool=None, stream=None, capture_error_mode: str = "global"):
+        self.cuda_graph = cuda_graph
+
+    def __enter__(self) -> None:
+        self.cuda_graph.capture_begin()
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.cuda_graph.capture_end(failed=exc_type is not None)
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    return (0, 0)
+
+
+class EmulatedGraph(CapturedGraph):
+    def __init__(self, backend, name, output, input_addresses, graph: CUDAGraph):
+        super().__init__(backend, name, output, input_addresses)
+        self._graph = graph
+        self.num_ops = graph.num_ops
+
+    def _launch(self) -> None:
+        self._graph.replay()
 
 
 class EmulatedGraphBackend(GraphBackend):
@@ -146,20 +230,15 @@ class EmulatedGraphBackend(GraphBackend):
 
     def __init__(self, debug: bool = False):
         super().__init__(debug)
-        self._allocated_bytes = 0
+        self._graphs: list[CUDAGraph] = []
 
     def _capture(self, fn: Callable[[], Any], name: str, input_addresses: dict[str, InputAddress]) -> EmulatedGraph:
-        recorder = _RecordingMode(name)
-        with _HostReadGuard(name), recorder:
+        recorded = CUDAGraph(name=name)
+        with graph(recorded):
             output = fn()
-        steps = []
-        for func, args, kwargs, op_output in recorder.ops:
-            fresh = _fresh_outputs(args, kwargs, op_output)
-            self._allocated_bytes += sum(t.untyped_storage().nbytes() for _, t in fresh)
-            if (step := _replay_step(func, args, kwargs, op_output, fresh)) is not None:
-                steps.append(step)
-        return EmulatedGraph(self, name, output, input_addresses, steps)
+        self._graphs.append(recorded)
+        return EmulatedGraph(self, name, output, input_addresses, recorded)
 
     def pool_stats(self) -> dict:
         # Every graph keeps its own intermediates alive; unlike the CUDA pool, nothing is shared.
-        return {"bytes": self._allocated_bytes}
+        return {"bytes": sum(g.held_bytes for g in self._graphs)}

@@ -1,0 +1,75 @@
+"""The batches the execution suites drive: deterministic token ids, prefills, decode and verify
+steps, mixed batches, and one-line descriptions for failure messages.
+
+Token ids are in TOKENS (1..200), inside every preset's vocabulary (the smallest, `tiny`, has
+256), so any engine built from a preset can embed them; id 0 is left for padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .protocol import Request
+
+TOKENS = range(1, 201)
+
+
+def token(request_id: int, position: int) -> int:
+    """The token a request holds at a position: two engines fed one scenario see the same inputs."""
+    return (request_id * 31 + position * 7) % len(TOKENS) + TOKENS.start
+
+
+@dataclass
+class Sequence:
+    """A request the suite drives: its id, the tokens in its KV cache, and their values."""
+
+    request_id: int
+    context_len: int
+    tokens: list[int] = field(default_factory=list)  # every token it has brought so far
+
+    def add(self, token_ids) -> None:
+        self.tokens += list(token_ids)
+        self.context_len = len(self.tokens)
+
+
+def prompt(request_id: int, length: int) -> tuple[int, ...]:
+    return tuple(token(request_id, p) for p in range(length))
+
+
+def prefill(engine, ids: list[int], lengths: list[int]) -> list[Sequence]:
+    """Admit requests with prompts of the given lengths in one step."""
+    requests = [Request(i, prompt(i, n), 0) for i, n in zip(ids, lengths)]
+    engine.step(requests)
+    return [Sequence(i, n, list(r.token_ids)) for i, n, r in zip(ids, lengths, requests)]
+
+
+def decode_requests(seqs: list[Sequence], q: int = 1) -> list[Request]:
+    """One decode (q = 1) or verify (q > 1) step of q tokens for each sequence."""
+    return [Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(q)), s.context_len)
+            for s in seqs]
+
+
+def mixed_requests(seqs: list[Sequence], new_ids: list[int], new_lengths: list[int], q: int = 1) -> list[Request]:
+    """Decode steps for the running sequences, then whole prompts for new ones."""
+    return decode_requests(seqs, q) + [Request(i, prompt(i, n), 0) for i, n in zip(new_ids, new_lengths)]
+
+
+def uneven_requests(seqs: list[Sequence], q: int) -> list[Request]:
+    """q x len(seqs) tokens in requests of unequal lengths: the token count of a uniform batch
+    without being one (a dispatcher that decides `uniform` from the count alone is wrong here)."""
+    lengths = [q - 1, q + 1] + [q] * (len(seqs) - 2)
+    return [Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(n)), s.context_len)
+            for s, n in zip(seqs, lengths)]
+
+
+def advance(seqs: list[Sequence], requests: list[Request]) -> None:
+    """After a step: each sequence keeps the tokens its request brought."""
+    brought = {r.request_id: r.token_ids for r in requests}
+    for s in seqs:
+        s.add(brought.get(s.request_id, ()))
+
+
+def describe_batch(requests) -> str:
+    decode = sum(1 for r in requests if r.context_len > 0)
+    tokens = sum(len(r.token_ids) for r in requests)
+    lengths = sorted({len(r.token_ids) for r in requests})
+    return f"{len(requests)} requests ({decode} continuing), {tokens} tokens, query lengths {lengths}"

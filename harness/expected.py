@@ -1,0 +1,81 @@
+"""Where the execution suites get what an engine should have done, and which source said so.
+
+Never from the engine under test: under `vllm_policy` from the spec and the oracle; otherwise
+from the runtime's own declared policy (`resolve_mode()`, `dispatch()`, `capture_sizes()`),
+checked against what its engine did. Only where a runtime declares no policy at all is the
+engine's own report used, and then the source says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import oracle
+from .protocol import Descriptor, PolicyConfig, ResolveRequest
+from .vocabulary import ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SUPPORT_LEVELS, expected_resolution, weakest
+
+
+@dataclass(frozen=True)
+class Expected:
+    value: object
+    source: str
+
+
+def support_of(runtime, attention: tuple[str, ...]) -> str | None:
+    """The weakest declared support level among the named backends; None if any is undeclared."""
+    declared = dict(runtime.capabilities.attention_backends)
+    if not attention or not all(name in declared for name in attention):
+        return None
+    return weakest(declared[name] for name in attention)
+
+
+def resolution(runtime, mode: str, attention: tuple[str, ...], spec: int, engine=None) -> Expected:
+    """The config mode an engine built with these backends should resolve to ("error": rejected)."""
+    support = support_of(runtime, attention)
+    caps = runtime.capabilities
+    if support is not None and caps.vllm_policy:
+        cell = expected_resolution(mode, support, num_speculative_tokens=spec)
+        return Expected("error" if cell.error else cell.resolved, SPEC)
+    if support is not None and caps.mode_resolution:
+        try:
+            return Expected(runtime.resolve_mode(ResolveRequest(mode, support, spec)).resolved, OWN_POLICY)
+        except ValueError:
+            return Expected("error", OWN_POLICY)
+    if engine is None:
+        return Expected(None, RUNTIME_WORD)
+    return Expected(engine.resolution.resolved, RUNTIME_WORD)
+
+
+def graph_keys(runtime, policy: PolicyConfig) -> Expected | None:
+    """{"FULL": set of keys, "PIECEWISE": set of keys} for a resolved policy; None if unknowable."""
+    if runtime.capabilities.vllm_policy:
+        return Expected(oracle.graph_keys(policy), ORACLE)
+    if not (runtime.capabilities.dispatch and runtime.capabilities.capture_sizes):
+        return None
+    return Expected(dispatched_keys(runtime, policy), OWN_POLICY)
+
+
+def dispatched_keys(runtime, policy: PolicyConfig) -> dict[str, set[Descriptor]]:
+    """Every distinct graph key the runtime's own dispatch() returns for batches up to its largest
+    size: uniform ones (q tokens a request) and mixed ones of every request count."""
+    keys: dict[str, set[Descriptor]] = {"FULL": set(), "PIECEWISE": set()}
+    sizes = runtime.capture_sizes(policy)
+    q, seqs = policy.query_len, policy.max_num_seqs
+    for tokens in range(1, max(sizes, default=0) + 1):
+        batches = [(tokens, reqs, False) for reqs in range(1, min(tokens, seqs) + 1)]
+        if tokens % q == 0 and tokens // q <= seqs:
+            batches.append((tokens, tokens // q, True))
+        for n, reqs, uniform in batches:
+            answer = runtime.dispatch(policy, n, reqs, uniform)
+            if answer.runtime_mode != "NONE":
+                keys[answer.runtime_mode].add(answer.descriptor)
+    return keys
+
+
+def resolved_policy(policy: PolicyConfig, mode: str) -> PolicyConfig:
+    return replace(policy, mode=mode)
+
+
+def default_attention(runtime) -> tuple[str, ...]:
+    """The strongest declared backend (so expectations know its level); () where none is declared."""
+    declared = sorted(runtime.capabilities.attention_backends, key=lambda b: SUPPORT_LEVELS.index(b[1]))
+    return (declared[0][0],) if declared else ()

@@ -1,0 +1,294 @@
+"""The runtime and its engines as the suites see them: every answer validated at the protocol
+boundary, every step checked against the runtime's own dispatch, and graph captures, launches
+and memory counted by the harness itself rather than taken from the runtime's word.
+
+- `RuntimeProxy` validates policy answers (harness.validate).
+- `ObservedEngine` wraps a built engine. On every step it checks that the reported runtime mode
+  and padded size are what the runtime's own `dispatch()` (or `padded_size()`) says for that
+  batch, with `uniform` decided here (every request brings exactly q tokens), and, under
+  `vllm_policy`, what the oracle says; and that the graph launches the harness saw match the
+  reported mode (FULL: one; PIECEWISE: the pieces per size that capture reported; NONE: none).
+- `EngineFactory` builds engines through the protocol (with the harness's checkpoint for
+  runtimes that load one) and caches them: capture is the costly part.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from . import expected, oracle, presets, validate
+from .batches import describe_batch
+from .checks import Check
+from .graphs import device_for
+from .graphs.log import LOG, GraphLog
+from .protocol import EngineConfig, PolicyConfig, Request
+from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
+
+
+class ProtocolError(AssertionError):
+    """A runtime answered with something the protocol does not allow (outside a bound check)."""
+
+
+def _fail(check: Check | None, what: str) -> None:
+    if check is None:
+        raise ProtocolError(what)
+    check.fail(what, source="the protocol (harness/protocol.py)")
+
+
+class RuntimeProxy:
+    """The runtime, with every policy answer checked for its form before a suite sees it."""
+
+    def __init__(self, runtime):
+        self.wrapped = runtime
+        self.name, self.version, self.capabilities = runtime.name, runtime.version, runtime.capabilities
+        self._check: Check | None = None
+
+    def bind(self, check: Check | None) -> None:
+        self._check = check
+
+    def __getattr__(self, attr):
+        return getattr(self.wrapped, attr)
+
+    def _answer(self, call: str, result, problem: str | None):
+        if problem:
+            _fail(self._check, f"the runtime's {call} {problem}")
+        return result
+
+    def capture_sizes(self, config):
+        result = self.wrapped.capture_sizes(config)
+        return list(self._answer("capture_sizes()", result, validate.sizes(result)))
+
+    def padded_size(self, config, num_tokens):
+        result = self.wrapped.padded_size(config, num_tokens)
+        return self._answer(f"padded_size(num_tokens={num_tokens})", result, validate.padded_size(result, num_tokens))
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        args = (config, num_tokens, num_reqs, uniform) + ((num_active_loras,) if num_active_loras else ())
+        result = self.wrapped.dispatch(*args)
+        return self._answer(f"dispatch(num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})", result,
+                            validate.dispatch(result))
+
+    def resolve_mode(self, request):
+        result = self.wrapped.resolve_mode(request)
+        return self._answer(f"resolve_mode({request})", result, validate.resolution(result))
+
+    def dp_dispatch(self, config, ranks):
+        result = self.wrapped.dp_dispatch(config, ranks)
+        return list(self._answer("dp_dispatch()", result, validate.dispatches(result, len(ranks))))
+
+
+@dataclass
+class StepSeen:
+    """One step as the harness saw it."""
+
+    requests: list
+    result: object
+    graphs: GraphLog  # what the graph log counted during the step
+    padding_fill: str | None = None
+
+
+class ObservedEngine:
+    def __init__(self, engine, factory: "EngineFactory", config: EngineConfig):
+        self.engine = engine
+        self.factory = factory
+        self.config = config
+        self.resolution = engine.resolution
+        problem = validate.resolution(self.resolution)
+        if problem:
+            _fail(factory.check, f"the engine's resolution {problem}")
+        self.captured = None  # the CaptureReport capture() returned
+        self.seen_at_capture: GraphLog | None = None
+        self.memory_seen: int | None = None  # graph memory the harness measured itself
+        self.captures_in_service = 0  # graphs the harness saw captured during steps
+        self.last: StepSeen | None = None
+        self.live: set[int] = set()
+
+    def __getattr__(self, name):  # the optional operations (kv_snapshot, swap_static_buffer, ...)
+        return getattr(self.engine, name)
+
+    @property
+    def policy(self) -> PolicyConfig:
+        """The policy the engine runs: its config with the mode it resolved at build time."""
+        return replace(self.config.policy, mode=self.resolution.resolved)
+
+    # -- capture ----------------------------------------------------------------------------
+    def capture(self):
+        before, free = LOG.snapshot(), _free_memory(self.config.device)
+        report = self.engine.capture()
+        seen = LOG.since(before)
+        problem = validate.capture_report(report)
+        if problem:
+            _fail(self.factory.check, f"the engine's capture() {problem}")
+        self.captured, self.seen_at_capture = report, seen
+        after = _free_memory(self.config.device)
+        self.memory_seen = free - after if free is not None else (seen.held_bytes if seen.captures else None)
+        return report
+
+    def pieces_per_size(self) -> int | None:
+        """PIECEWISE graphs per captured size, from the capture report; None if it has none."""
+        sizes = {n for mode, n in (self.captured.order if self.captured else ()) if mode == "PIECEWISE"}
+        pieces = (self.captured.graphs.get("PIECEWISE", 0) if self.captured else 0)
+        return pieces // len(sizes) if sizes and pieces % len(sizes) == 0 else None
+
+    # -- steps ------------------------------------------------------------------------------
+    def step(self, requests, padding_fill: str | None = None):
+        requests = list(requests)
+        self.live.update(r.request_id for r in requests)
+        before = LOG.snapshot()
+        result = (self.engine.step(requests) if padding_fill is None
+                  else self.engine.step(requests, padding_fill=padding_fill))
+        seen = LOG.since(before)
+        self.captures_in_service += seen.captures
+        self._validate(result, requests, "step()")
+        self.last = StepSeen(requests, result, seen, padding_fill)
+        self._check_step(requests, result, seen)
+        return result
+
+    def eager_step(self, requests, padded_num_tokens: int):
+        requests = list(requests)
+        self.live.update(r.request_id for r in requests)
+        before = LOG.snapshot()
+        result = self.engine.eager_step(requests, padded_num_tokens)
+        seen = LOG.since(before)
+        self._validate(result, requests, "eager_step()")
+        check, batch = self.factory.check, describe_batch(requests)
+        check.that((result.runtime_mode, result.padded_num_tokens, seen.replays) == ("NONE", padded_num_tokens, 0),
+                   what=f"eager_step(padded_num_tokens={padded_num_tokens}) must run eager at that size",
+                   source=OBSERVED, case=batch, reported=(result.runtime_mode, result.padded_num_tokens),
+                   graph_launches_seen=seen.replays)
+        return result
+
+    def _validate(self, result, requests, call: str) -> None:
+        n = sum(len(r.token_ids) for r in requests)
+        problem = validate.step_result(result, n, self.factory.vocab, self.config.device)
+        if problem:
+            _fail(self.factory.check, f"the engine's {call} {problem} ({describe_batch(requests)})")
+
+    def _check_step(self, requests, result, seen: GraphLog) -> None:
+        check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
+        reported = (result.runtime_mode, result.padded_num_tokens)
+        case = f"{batch}; ran {reported[0]} at {reported[1]}"
+        launches = {"NONE": 0, "FULL": 1, "PIECEWISE": self.pieces_per_size()}[result.runtime_mode]
+        if launches is None:
+            check.that(seen.replays >= 2, what="a PIECEWISE step launches one graph per piece (two or more)",
+                       source=OBSERVED, case=case, graph_launches_seen=seen.replays)
+        else:
+            check.that(seen.replays == launches, source=OBSERVED, case=case,
+                       what=f"a step reported as {result.runtime_mode} must launch {launches} graph(s)",
+                       graph_launches_seen=seen.replays)
+        if self.config.data_parallel is not None:
+            return  # ranks follow their consensus, not their own dispatch: the data-parallel suite checks that
+        n, q = sum(len(r.token_ids) for r in requests), self.config.policy.query_len
+        uniform = bool(requests) and all(len(r.token_ids) == q for r in requests)
+        num_reqs = len(requests) or None
+        caps = runtime.capabilities
+        if self.captured is None:
+            check.equal(reported, ("NONE", n), source=OWN_POLICY, case=batch,
+                        what="before capture() nothing can replay: a step runs eager and unpadded")
+        elif caps.dispatch:
+            expected = runtime.dispatch(self.policy, n, num_reqs, uniform)
+            check.equal(reported, (expected.runtime_mode, expected.descriptor.num_tokens), source=OWN_POLICY,
+                        case=batch, what=f"the step's mode and padded size vs the runtime's own dispatch() "
+                                         f"(uniform={uniform}, mode {self.policy.mode})")
+        elif caps.capture_sizes and result.runtime_mode != "NONE":
+            check.equal(result.padded_num_tokens, runtime.padded_size(self.policy, n), source=OWN_POLICY, case=case,
+                        what="a graph step runs at the runtime's own padded_size()")
+        if caps.vllm_policy and self.captured is not None:
+            expected = oracle.dispatch(self.policy, n, num_reqs, uniform)
+            check.equal(reported, (expected.runtime_mode, expected.descriptor.num_tokens), source=ORACLE,
+                        case=batch, what=f"the step's mode and padded size (uniform={uniform})")
+
+    # -- the rest ---------------------------------------------------------------------------
+    def last_step_inputs(self):
+        inputs = self.engine.last_step_inputs()
+        padded = self.last.result.padded_num_tokens if self.last else 0
+        problem = validate.step_inputs(inputs, padded)
+        if problem:
+            _fail(self.factory.check, f"the engine's last_step_inputs() {problem}")
+        return inputs
+
+    def release(self, request_id: int) -> None:
+        self.live.discard(request_id)
+        self.engine.release(request_id)
+
+    def release_all(self) -> None:
+        for request_id in sorted(self.live):
+            self.release(request_id)
+
+
+def _free_memory(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+class EngineFactory:
+    """Builds engines for the execution suites: `get(mode=..., attention=..., spec=...)`.
+
+    The same configuration returns the same captured engine within a session (capture is the
+    costly part), so every test takes fresh request ids from `new_id()` and releases what it
+    started; `fresh=True` builds one nobody else has used.
+    """
+
+    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str = "float32",
+                 max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
+                 kv_tokens: int | None = 1024):
+        self.runtime = runtime
+        self.graph_backend = graph_backend
+        self.preset, self.dtype = preset, dtype
+        self.vocab = presets.preset(preset).vocab
+        self.num_layers = presets.preset(preset).layers
+        self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        self.max_model_len, self.kv_tokens = max_model_len, kv_tokens
+        self._engines: dict = {}
+        self._ids = itertools.count(10_000)
+        self._check: Check | None = None
+
+    def bind(self, check: Check | None) -> None:
+        self._check = check
+
+    @property
+    def check(self) -> Check:
+        return self._check or Check("execution", self.runtime, "pytest <the test that was running>")
+
+    def checkpoint(self) -> str | None:
+        if not self.runtime.capabilities.loads_checkpoint:
+            return None
+        return str(presets.checkpoint(self.preset))
+
+    def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
+               max_num_batched_tokens=None, data_parallel=None) -> EngineConfig:
+        """The engine the suites ask for; with no attention named, the strongest one declared."""
+        attention = tuple(attention) or expected.default_attention(self.runtime)
+        policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
+                              max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
+                              num_speculative_tokens=spec, mode=mode)
+        return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
+                            graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
+                            max_model_len=self.max_model_len, kv_tokens=self.kv_tokens,
+                            checkpoint=self.checkpoint(), data_parallel=data_parallel)
+
+    def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
+        """A built (and captured) engine."""
+        config = self.config(**kw)
+        key = (config, capture)
+        if fresh or key not in self._engines:
+            engine = ObservedEngine(self.runtime.build(config), self, config)
+            if capture:
+                engine.capture()
+            if fresh:
+                return engine
+            self._engines[key] = engine
+        return self._engines[key]
+
+    def release_all(self) -> None:
+        """After each test: free what it left running, so a failed test cannot starve the next."""
+        for engine in self._engines.values():
+            engine.release_all()
+
+    def new_id(self) -> int:
+        return next(self._ids)
+

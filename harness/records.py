@@ -1,0 +1,187 @@
+"""What suites measure, as typed records: the `record` fixture takes one of these, the JSON report
+stores them under each test, and harness.measurements reads them back.
+
+The report carries `schema_version`. Reports written before records existed (version 1: raw
+`properties` named after the kinds below) are converted here, in one place; anything newer
+than this code is refused with a message.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
+
+SCHEMA_VERSION = 2
+
+
+@dataclass
+class Record:
+    kind: ClassVar[str]
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass
+class Grid(Record):
+    kind = "grid"
+    config: str
+    sizes: list[int]
+
+
+@dataclass
+class ResolutionCell(Record):
+    kind = "resolution"
+    variant: str
+    requested: str
+    support: str
+    resolved: str
+
+
+@dataclass
+class Capture(Record):
+    kind = "capture"
+    mode: str
+    preset: str
+    graphs: dict
+    seconds: float
+    memory_bytes: int | None
+    graph_backend: str = "cuda"  # emulator figures are the emulator's, not a GPU's
+    observed_captures: int | None = None  # graphs the harness saw captured
+
+
+@dataclass
+class Launches(Record):
+    kind = "launches"
+    batch: int
+    counts: dict  # runtime mode -> harness.graphs.counting.Submissions as a dict
+    graph_backend: str = "cuda"
+
+
+@dataclass
+class Latency(Record):
+    kind = "latency"
+    mode: str
+    batch: int
+    padded: int
+    runtime_mode: str
+    step_ms_median: float
+    step_ms_min: float
+    step_ms_iqr: float | None = None
+    step_ms_cv: float | None = None
+    replay_ms_median: float | None = None  # the graph replay alone, without preparing inputs
+    eager_kernel_ms: float | None = None  # summed GPU kernel time of an eager step at the padded shape
+    kernel_launches: int | None = None
+    graph_launches: int | None = None
+    memcpy_calls: int | None = None
+    rounds: int | None = None
+
+
+@dataclass
+class Batch1Speedup(Record):
+    kind = "batch1_speedup"
+    eager_ms: float
+    full_ms: float
+    speedup: float
+
+
+@dataclass
+class Serving(Record):
+    kind = "serving"
+    mode: str
+    requests: int
+    seconds: float
+    steps: int
+    output_tok_s: float
+    total_tok_s: float
+    requests_s: float
+    mean_ttft_ms: float
+    mean_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+
+
+@dataclass
+class BatchInvariance(Record):
+    kind = "batch_invariance"
+    batch: int
+    padded: int
+    mode: str
+    difference: float
+
+
+@dataclass
+class Anchor(Record):
+    kind = "anchor"
+    mode: str
+    dtype: str
+    steps: int
+    largest_difference: float
+    tolerance: float
+    tokens_compared: int
+    tokens_equal: int
+
+
+@dataclass
+class DataParallelStep(Record):
+    kind = "data_parallel_step"
+    step: int
+    batches: list  # one description per rank
+    modes: list[str]  # what each rank ran
+    padded: list[int]
+    agreed_mode: str
+    waste_tokens: int
+
+
+KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in Record.__subclasses__()}
+
+
+class ReportFormatError(ValueError):
+    """A report this code cannot read; the message says why and what to do."""
+
+
+def upgrade(run: dict, source: str = "the report") -> dict:
+    """The report in the current schema: converted from version 1, refused if newer."""
+    version = run.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ReportFormatError(f"{source} has schema_version {version!r}; this harness reads up to "
+                                f"{SCHEMA_VERSION}: update cudagraph-conformance to render it")
+    if version == SCHEMA_VERSION:
+        return run
+    tests = []
+    for test in run.get("tests", []):
+        test = dict(test)
+        test["records"] = _records_from_properties(test.pop("properties", None) or {})
+        tests.append(test)
+    return {**run, "schema_version": SCHEMA_VERSION, "tests": tests, "converted_from": version}
+
+
+def _records_from_properties(properties: dict) -> list[dict]:
+    converted = []
+    for name, value in properties.items():
+        match = re.fullmatch(r"batch_invariance b=(\d+) pad=(\d+) (\w+)", name)
+        if match:  # the oldest form: one scalar property per batch
+            converted.append({"kind": "batch_invariance", "batch": int(match[1]), "padded": int(match[2]),
+                              "mode": match[3], "difference": value})
+        elif name in KINDS:
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict):
+                    converted.append({"kind": name, **item})
+    return converted
+
+
+def check_record(record: Record) -> dict:
+    """The record as stored; a suite that records something malformed fails loudly here."""
+    if not isinstance(record, Record):
+        raise TypeError(f"record() takes a harness.records.Record, got {type(record).__name__}")
+    names = {f.name for f in fields(record)}
+    data = record.as_dict()
+    missing = [n for n in names if data.get(n) is None and _required(type(record), n)]
+    if missing:
+        raise ValueError(f"record {record.kind!r} is missing {missing}")
+    return data
+
+
+def _required(cls, name: str) -> bool:
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default is field().default and f.default_factory is field().default_factory  # no default given

@@ -1,0 +1,116 @@
+"""The protocol boundary: is what a runtime handed back the kind of thing the protocol promises?
+
+Each function returns None when the answer is well formed, else one sentence saying what was
+wrong and what was expected. harness.observe calls them on every answer, for every suite, so a
+wrong type fails as a wrong answer with a reason, never as an AttributeError three calls later.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .safe import safe_repr
+from .vocabulary import CONFIG_MODES, RUNTIME_MODES
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def sizes(value) -> str | None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        return f"returned {safe_repr(value)}; expected a list of ints"
+    bad = [v for v in value if not _is_int(v) or v < 1]
+    return f"returned {safe_repr(value)}; {safe_repr(bad[0])} is not an int >= 1" if bad else None
+
+
+def padded_size(value, num_tokens: int) -> str | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        return f"returned {safe_repr(value)}; expected an int or None (None: the batch runs eager)"
+    return None
+
+
+def dispatch(value) -> str | None:
+    mode = getattr(value, "runtime_mode", None)
+    key = getattr(value, "descriptor", None)
+    if not isinstance(mode, str) or mode not in RUNTIME_MODES:
+        return f"returned {safe_repr(value)}; expected a Dispatch whose runtime_mode is one of {RUNTIME_MODES}"
+    tokens, reqs = getattr(key, "num_tokens", None), getattr(key, "num_reqs", "missing")
+    if not _is_int(tokens) or tokens < 1:
+        return f"returned {safe_repr(value)}; the descriptor's num_tokens must be an int >= 1"
+    if reqs is not None and not _is_int(reqs):
+        return f"returned {safe_repr(value)}; the descriptor's num_reqs must be an int or None"
+    if not isinstance(getattr(key, "uniform", None), bool):
+        return f"returned {safe_repr(value)}; the descriptor's uniform must be a bool"
+    return None
+
+
+def dispatches(value, count: int) -> str | None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != count:
+        return f"returned {safe_repr(value)}; expected a list of {count} Dispatch answers, one per rank"
+    return next((problem for problem in map(dispatch, value) if problem), None)
+
+
+def resolution(value) -> str | None:
+    resolved, warnings = getattr(value, "resolved", None), getattr(value, "warnings", None)
+    if not isinstance(resolved, str) or resolved not in CONFIG_MODES:
+        return f"returned {safe_repr(value)}; expected a Resolution whose resolved mode is one of {CONFIG_MODES}"
+    if isinstance(warnings, str) or not isinstance(warnings, Sequence) or not all(isinstance(w, str) for w in warnings):
+        return f"returned {safe_repr(value)}; its warnings must be a tuple of strings"
+    return None
+
+
+def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str | None:
+    import torch
+
+    logits = getattr(value, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        return f"returned {safe_repr(value)}; expected a StepResult whose logits are a tensor"
+    expected_shape = (num_tokens, vocab) if vocab else None
+    if logits.dim() != 2 or logits.shape[0] != num_tokens or (expected_shape and tuple(logits.shape) != expected_shape):
+        return (f"returned logits of shape {tuple(logits.shape)}; expected {expected_shape or (num_tokens, 'vocab')}: "
+                "one row per real token, in request order")
+    if not logits.is_floating_point():
+        return f"returned logits of dtype {logits.dtype}; expected a floating-point dtype"
+    if logits.device.type != torch.device(device).type:
+        return f"returned logits on {logits.device}; the engine was built for {device}"
+    mode = getattr(value, "runtime_mode", None)
+    if not isinstance(mode, str) or mode not in RUNTIME_MODES:
+        return f"reported runtime_mode {safe_repr(mode)}; expected one of {RUNTIME_MODES}"
+    if getattr(value, "num_tokens", None) != num_tokens:
+        return f"reported num_tokens {safe_repr(getattr(value, 'num_tokens', None))} for a batch of {num_tokens} tokens"
+    padded = getattr(value, "padded_num_tokens", None)
+    if not _is_int(padded) or padded < num_tokens:
+        return f"reported padded_num_tokens {safe_repr(padded)}; expected an int >= the {num_tokens} real tokens"
+    return None
+
+
+def capture_report(value) -> str | None:
+    graphs = getattr(value, "graphs", None)
+    if not isinstance(graphs, Mapping) or not all(k in ("FULL", "PIECEWISE") and _is_int(v) and v >= 0
+                                                   for k, v in graphs.items()):
+        return f"returned {safe_repr(value)}; expected a CaptureReport whose graphs map FULL/PIECEWISE to counts"
+    seconds, memory = getattr(value, "seconds", None), getattr(value, "memory_bytes", "missing")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        return f"returned {safe_repr(value)}; seconds must be a number >= 0"
+    if memory is not None and not _is_int(memory):
+        return f"returned {safe_repr(value)}; memory_bytes must be an int or None (not measured)"
+    order = getattr(value, "order", None)
+    if order is None or not all(isinstance(o, Sequence) and len(o) == 2 and o[0] in ("FULL", "PIECEWISE")
+                                and _is_int(o[1]) for o in order):
+        return f"returned {safe_repr(value)}; order must list (runtime mode, num_tokens) pairs"
+    return None
+
+
+def step_inputs(value, padded_num_tokens: int) -> str | None:
+    import torch
+
+    for name in ("token_ids", "positions", "slot_mapping"):
+        tensor = getattr(value, name, None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.shape[0] != padded_num_tokens:
+            return (f"returned {name}={safe_repr(tensor)}; expected a 1-D tensor of the step's "
+                    f"{padded_num_tokens} padded rows")
+    if not _is_int(getattr(value, "padding_slot", None)):
+        return "returned a padding_slot that is not an int"
+    return None

@@ -1,0 +1,107 @@
+"""The words the harness and every runtime share: modes, support levels, the resolution table,
+the padding rule, and where an expected value comes from. One place for each fact (docs/spec.md
+sections 2, 4 and 5 say what they mean).
+
+Plain strings and pure functions, no torch, so a runtime from any package can speak them.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+# -- modes (spec section 2) -------------------------------------------------------------------
+# What one step runs, lowest first: data-parallel ranks agree on the lowest.
+RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
+FDO, FAP = "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
+CONFIG_MODES = ("NONE", "PIECEWISE", "FULL", FDO, FAP)
+# A config mode is a pair of routines: (uniform decode batches, every other batch).
+ROUTINES = {
+    "NONE": ("NONE", "NONE"),
+    "PIECEWISE": ("PIECEWISE", "PIECEWISE"),
+    "FULL": ("FULL", "FULL"),
+    FDO: ("FULL", "NONE"),
+    FAP: ("FULL", "PIECEWISE"),
+}
+
+
+def runtime_modes_of(config_mode: str) -> frozenset[str]:
+    """The runtime modes a config mode can run (NONE always: above the max, a batch runs eager)."""
+    return frozenset({"NONE", *ROUTINES[config_mode]})
+
+
+def lowest(modes) -> str:
+    return min(modes, key=RUNTIME_MODES.index)
+
+
+# -- attention graph support (spec section 5), strongest first --------------------------------
+SUPPORT_LEVELS = ("ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER")
+SHORT_NAMES = {"UNIFORM_SINGLE_TOKEN_DECODE": "USTD"}
+
+
+def weakest(levels) -> str:
+    """A model with several attention backends takes the weakest one's level."""
+    return max(levels, key=SUPPORT_LEVELS.index)
+
+
+# -- mode resolution (spec section 5) ---------------------------------------------------------
+ERROR = "error"
+# requested -> resolved, one column per SUPPORT_LEVELS entry; default set-up, q = 1.
+RESOLUTION_TABLE = {
+    "NONE": ("NONE", "NONE", "NONE", "NONE"),
+    "PIECEWISE": ("PIECEWISE", "PIECEWISE", "PIECEWISE", "PIECEWISE"),
+    "FULL": ("FULL", FAP, FAP, ERROR),
+    FDO: (FDO, FDO, FDO, "PIECEWISE"),
+    FAP: (FAP, FAP, FAP, "PIECEWISE"),
+}
+# Without attention in the splitting ops (no piecewise graphs); None: the spec fixes no value.
+RESOLUTION_TABLE_NO_PIECEWISE = {
+    "NONE": ("NONE", "NONE", "NONE", "NONE"),
+    "PIECEWISE": ("NONE", "NONE", "NONE", "NONE"),
+    "FULL": ("FULL", FDO, FDO, ERROR),
+    FDO: (FDO, FDO, FDO, "NONE"),
+    FAP: (None, None, None, "NONE"),
+}
+
+
+@dataclass(frozen=True)
+class ExpectedResolution:
+    resolved: str | None  # None: the spec fixes no value for this cell
+    error: bool = False
+
+
+def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0,
+                        attention_in_splitting_ops: bool = True,
+                        splitting_ops_empty: bool = False) -> ExpectedResolution:
+    """The spec's cell for a request, with its q > 1 and empty-splitting-ops rules applied."""
+    piecewise = attention_in_splitting_ops and not splitting_ops_empty
+    if splitting_ops_empty and mode == FAP:
+        mode = "FULL"
+    cell = (RESOLUTION_TABLE if piecewise else RESOLUTION_TABLE_NO_PIECEWISE)[mode][SUPPORT_LEVELS.index(support)]
+    if cell == ERROR:
+        return ExpectedResolution(None, error=True)
+    if (num_speculative_tokens > 0 and cell is not None and ROUTINES[cell][0] == "FULL"
+            and support in ("UNIFORM_SINGLE_TOKEN_DECODE", "NEVER")):
+        cell = "PIECEWISE" if piecewise else "NONE"
+    return ExpectedResolution(cell)
+
+
+# -- padding (spec section 4) -----------------------------------------------------------------
+def padded(sizes, num_tokens: int) -> int | None:
+    """The smallest capture size that holds num_tokens; None above the largest (runs eager)."""
+    sizes = sorted(sizes)
+    index = bisect.bisect_left(sizes, num_tokens)
+    return sizes[index] if index < len(sizes) else None
+
+
+def waste_percent(num_tokens: int, padded_to: int) -> float:
+    return 100.0 * (padded_to - num_tokens) / padded_to
+
+
+# -- where an expected value comes from (every failure message names one) ---------------------
+SPEC = "the spec (vLLM's policy)"
+ORACLE = "the harness's independent oracle"
+OWN_POLICY = "the runtime's own declared policy"
+INDEPENDENT_FORWARD = "an independent forward (transformers on the same checkpoint)"
+EAGER = "an eager step of the same runtime at the same shape"
+OBSERVED = "what the harness observed"
+RUNTIME_WORD = "the runtime's own report (not observable by the harness)"
