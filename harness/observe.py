@@ -284,6 +284,26 @@ class EngineFactory:
             self._engines[key] = engine
         return self._engines[key]
 
+    def for_mode(self, mode: str, attention=(), spec: int = 0, fresh: bool = False, capture: bool = True,
+                 **kw) -> ObservedEngine:
+        """An engine for a graph mode, its build-time resolution checked against where it should
+        land (the spec, or the runtime's own resolve_mode()); the test is skipped, with that
+        source, where the mode resolves to NONE: there are no graphs to test."""
+        import pytest
+
+        config = self.config(mode=mode, attention=attention, spec=spec, **kw)
+        want = expected.resolution(self.runtime, mode, config.attention_backends, spec)
+        if want.value == "error":
+            pytest.skip(f"{mode} with attention {config.attention_backends} is rejected ({want.source})")
+        engine = self.get(mode=mode, attention=attention, spec=spec, fresh=fresh, capture=capture, **kw)
+        if want.value is not None:
+            self.check.equal(engine.resolution.resolved, want.value, source=want.source,
+                             what=f"mode {mode} resolved at build time (attention {config.attention_backends})")
+        resolved = want.value or engine.resolution.resolved
+        if resolved == "NONE":
+            pytest.skip(f"runtime {self.runtime.name!r} resolves {mode} to NONE ({want.source}): no graphs to test")
+        return engine
+
     def release_all(self) -> None:
         """After each test: free what it left running, so a failed test cannot starve the next."""
         for engine in self._engines.values():

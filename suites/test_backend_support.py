@@ -1,29 +1,26 @@
-"""Backend support is truthful (SPEC 7, invariant 6): each attention backend's declared level is
-exercised in FULL graphs with every batch kind that level admits, and the graphs equal eager;
-resolution at build time follows the table for the weakest backend; every downgrade warns."""
+"""Backend support is truthful (docs/spec.md section 7, invariant 6): each attention backend's
+declared support level holds in FULL graphs for every batch kind that level admits (the graphs
+equal eager); the mode an engine resolves at build time, for one backend and for every pair (a
+hybrid model takes the weakest), is where the spec (under `vllm_policy`) or the runtime's own
+resolve_mode() says it lands; every downgrade warns.
+"""
 import itertools
 import warnings
 
 import pytest
 
-from harness import oracle
-from harness.compare import expect, expect_equal
-from harness.equality import first_mismatch
-from harness.execution import decode_requests, describe_batch, mixed_requests, prefill
+from harness import expected
+from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
+from harness.vocabulary import CONFIG_MODES, EAGER, OBSERVED, weakest
 
 INVARIANT = "backend support"
-pytestmark = [pytest.mark.requires("execution", "attention_backends")]
-LEVELS = ["ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER"]
+pytestmark = pytest.mark.requires("execution", "attention_backends")
 # What each level admits in a FULL graph: (mode to build, speculative tokens, batch kinds).
 ADMITS = {
     "ALWAYS": ("FULL", 0, ("uniform", "mixed", "prefill")),
     "UNIFORM_BATCH": ("FULL_AND_PIECEWISE", 1, ("uniform",)),
     "UNIFORM_SINGLE_TOKEN_DECODE": ("FULL_AND_PIECEWISE", 0, ("uniform",)),
 }
-
-
-def declared(runtime):
-    return list(runtime.capabilities.attention_backends)
 
 
 def batches(engines, seqs, kinds, q):
@@ -39,53 +36,51 @@ def batches(engines, seqs, kinds, q):
             yield mixed_requests([], ids, [n, 2]), ids
 
 
-@pytest.mark.parametrize("level", LEVELS[:3])
-def test_declared_level_holds_in_full_graphs(runtime, engines, level):
-    names = [name for name, declared_level in declared(runtime) if declared_level == level]
-    if not names:
-        pytest.skip(f"runtime {runtime.name!r} declares no {level} backend")
+def test_declared_level_holds_in_full_graphs(check, engines, attention_backend):
+    name, level = attention_backend
+    if level not in ADMITS:
+        check.skip(f"backend {name!r} declares {level}: it admits no FULL graph")
     mode, spec, kinds = ADMITS[level]
-    q = 1 + spec
-    for name in names:
-        engine = engines.get(mode=mode, attention=(name,), spec=spec)
-        seqs = prefill(engine, [engines.new_id() for _ in range(6)], [3, 5, 2, 9, 4, 7])
-        full = 0
-        for requests, started in batches(engines, seqs, kinds, q):
-            out = engine.step(requests)
-            full += out.runtime_mode == "FULL"
-            mismatch = first_mismatch(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits)
-            expect(mismatch is None, invariant=INVARIANT, runtime=runtime,
-                   what=f"backend {name!r} declares {level}, but its {out.runtime_mode} graph differs from eager",
-                   case=f"{describe_batch(requests)}; at {out.padded_num_tokens}", mismatch=mismatch)
-            for request_id in started:
-                engine.release(request_id)
-        for s in seqs:
-            engine.release(s.request_id)
-        expect(full > 0, invariant=INVARIANT, runtime=runtime,
-               what=f"backend {name!r} ({level}) ran no batch in a FULL graph under {mode}")
+    if spec and not engines.runtime.capabilities.speculative:
+        mode, spec, kinds = "FULL_AND_PIECEWISE", 0, ("uniform",)
+    engine = engines.for_mode(mode, attention=(name,), spec=spec)
+    seqs = prefill(engine, [engines.new_id() for _ in range(6)], [3, 5, 2, 9, 4, 7])
+    full = 0
+    for requests, started in batches(engines, seqs, kinds, 1 + spec):
+        out = engine.step(requests)
+        full += out.runtime_mode == "FULL"
+        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
+                        case=f"{describe_batch(requests)}; at {out.padded_num_tokens}",
+                        what=f"backend {name!r} declares {level}, but its {out.runtime_mode} graph differs from eager")
+        for request_id in started:
+            engine.release(request_id)
+    check.that(full > 0, what=f"backend {name!r} ({level}) ran no batch in a FULL graph under {mode}", source=OBSERVED)
 
 
 @pytest.mark.parametrize("spec", [0, 1], ids=["q1", "q2"])
-def test_resolution_at_build_follows_the_table(runtime, engines, spec):
+def test_resolution_at_build_follows_the_policy(check, engines, spec):
     """One backend, and every pair of backends (a hybrid model takes the weakest)."""
-    backends = declared(runtime)
+    runtime = engines.runtime
+    if spec and not runtime.capabilities.speculative:
+        check.skip("it does not declare speculative")
+    backends = list(runtime.capabilities.attention_backends)
     models = [(b,) for b in backends] + list(itertools.combinations(backends, 2))
-    for model, requested in itertools.product(models, ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
-                                                       "FULL_AND_PIECEWISE"]):
-        weakest = max((level for _, level in model), key=LEVELS.index)  # LEVELS is strongest first
-        expected = oracle.expected_resolution(requested, weakest, num_speculative_tokens=spec)
+    for model, requested in itertools.product(models, CONFIG_MODES):
         names = tuple(name for name, _ in model)
-        case = f"mode {requested}, backends {names} (weakest {weakest}), q={1 + spec}"
-        if expected.error:
-            with pytest.raises(ValueError):
-                engines.get(mode=requested, attention=names, spec=spec, fresh=True, capture=False)
+        want = expected.resolution(runtime, requested, names, spec)
+        case = f"mode {requested}, backends {names} (weakest {weakest(level for _, level in model)}), q={1 + spec}"
+        if want.value == "error":
+            check.rejects(lambda: engines.get(mode=requested, attention=names, spec=spec, fresh=True, capture=False),
+                          what="an engine whose mode its attention cannot honour must be rejected at build",
+                          source=want.source, case=case)
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             engine = engines.get(mode=requested, attention=names, spec=spec, fresh=True, capture=False)
-        expect_equal(engine.resolution.resolved, expected.resolved, invariant=INVARIANT, runtime=runtime,
-                     what="mode resolved at build time", case=case)
+        if want.value is not None:
+            check.equal(engine.resolution.resolved, want.value, what="mode resolved at build time", source=want.source,
+                        case=case)
         if engine.resolution.resolved != requested:
-            expect(bool(engine.resolution.warnings) and bool(caught), invariant=INVARIANT, runtime=runtime,
-                   what="a downgrade at build time must warn (in the resolution and as a Python warning)",
-                   case=case, resolution=engine.resolution, warnings=[str(w.message) for w in caught])
+            check.that(bool(engine.resolution.warnings) and bool(caught), case=case, source=OBSERVED,
+                       what="a downgrade at build time must warn (in the resolution and as a Python warning)",
+                       resolution=engine.resolution, warnings=[str(w.message) for w in caught])

@@ -1,44 +1,43 @@
-"""Batch invariance, measured (SPEC 7, last paragraph): a graph step at the padded size against
-an eager step at the unpadded size. This is only bit-equal with batch-invariant kernels, so the
-largest difference per bucket is recorded in the report and equality is required only where the
-runtime declares `batch_invariant`."""
+"""Batch invariance, measured (docs/spec.md section 7, last paragraph): a graph step at the padded
+size against an eager step at the unpadded size. This is only bit-equal with batch-invariant
+kernels, so the largest difference per bucket goes into the report and equality is required only
+where the runtime declares `batch_invariant`."""
 import math
 
 import pytest
 
-from harness.compare import expect
-from harness.execution import decode_requests, prefill
+from harness.batches import decode_requests, prefill
+from harness.records import BatchInvariance
 
 INVARIANT = "batch invariance"
 pytestmark = pytest.mark.requires("execution")
+BATCHES = range(1, 9)
 
 
-def measure(engine, engines, counts=(1, 2, 3, 5, 6, 7, 8)):
-    seqs = prefill(engine, [engines.new_id() for _ in range(8)], [3, 5, 2, 9, 4, 7, 1, 6])
+def measure(engines, engine):
+    seqs = prefill(engine, [engines.new_id() for _ in BATCHES], [3, 5, 2, 9, 4, 7, 1, 6])
     rows = []
-    for n in counts:
+    for n in BATCHES:
         requests = decode_requests(seqs[:n])
         graph = engine.step(requests)
         eager = engine.eager_step(requests, graph.num_tokens)
         difference = float((graph.logits.double() - eager.logits.double()).abs().max())
-        rows.append((n, graph.padded_num_tokens, graph.runtime_mode, difference))
-    for s in seqs:
-        engine.release(s.request_id)
+        rows.append(BatchInvariance(batch=n, padded=graph.padded_num_tokens, mode=graph.runtime_mode,
+                                    difference=difference))
     return rows
 
 
-def test_difference_from_unpadded_eager_is_measured(runtime, engines, record_property):
-    rows = measure(engines.get(mode="FULL_AND_PIECEWISE"), engines)
-    record_property("batch_invariance", [{"batch": n, "padded": padded, "mode": mode, "difference": difference}
-                                         for n, padded, mode, difference in rows])
-    for n, padded, mode, difference in rows:
-        expect(math.isfinite(difference), invariant=INVARIANT, runtime=runtime,
-               what="padded graph vs unpadded eager produced non-finite logits", batch=n, padded=padded)
+def test_difference_from_unpadded_eager_is_measured(check, engines, record):
+    for row in measure(engines, engines.for_mode("FULL_AND_PIECEWISE")):
+        record(row)
+        check.that(math.isfinite(row.difference), what="padded graph vs unpadded eager produced non-finite logits",
+                   batch=row.batch, padded=row.padded)
 
 
 @pytest.mark.requires("batch_invariant")
-def test_declared_batch_invariance_holds(runtime, engines):
-    for n, padded, mode, difference in measure(engines.get(mode="FULL_AND_PIECEWISE"), engines):
-        expect(difference == 0.0, invariant=INVARIANT, runtime=runtime,
-               what="the runtime declares batch-invariant kernels, but a padded graph differs from the "
-                    "unpadded eager step", batch=n, padded=padded, mode=mode, largest_difference=difference)
+def test_declared_batch_invariance_holds(check, engines):
+    for row in measure(engines, engines.for_mode("FULL_AND_PIECEWISE")):
+        check.that(row.difference == 0.0, source="an eager step at the unpadded size",
+                   what="the runtime declares batch-invariant kernels, but a padded graph differs from the "
+                        "unpadded eager step", batch=row.batch, padded=row.padded, mode=row.mode,
+                   largest_difference=row.difference)

@@ -1,78 +1,70 @@
-"""Fallback (SPEC 7, invariant 5): above the max capture size a step runs eager, unpadded, and is
-still right; at the max nothing is padded; a mode the backends cannot support resolves or fails
-as the table says, and what it then runs is right."""
+"""Fallback (docs/spec.md section 7, invariant 5): above the largest capture size a step runs
+eager and unpadded and is still right; at the largest size nothing is padded; a mode the
+attention backends cannot honour resolves (or is rejected) as it should, and what then runs is
+right.
+
+Expected values: the runtime's own sizes and dispatch (under `vllm_policy` also the spec), where
+the mode resolves to (the spec, or the runtime's own resolve_mode()), and an eager step of the
+same runtime at the same shape.
+"""
 import warnings
 
 import pytest
 
-from harness import oracle
-from harness.compare import expect, expect_equal
-from harness.equality import first_mismatch
-from harness.execution import capture_sizes, describe_batch, mixed_requests, prefill
+from harness import expected
+from harness.batches import describe_batch, mixed_requests, prefill
+from harness.vocabulary import EAGER, OWN_POLICY
 
 INVARIANT = "fallback"
 pytestmark = pytest.mark.requires("execution")
 
 
+@pytest.mark.requires("capture_sizes")
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
-def test_at_and_around_the_max_capture_size(runtime, engines, mode):
-    engine = engines.get(mode=mode)
-    sizes = capture_sizes(runtime, engines.config(mode=engine.resolution.resolved).policy)
+def test_at_and_around_the_max_capture_size(check, engines, mode):
+    engine = engines.for_mode(mode)
+    runtime = engines.runtime
+    sizes = runtime.capture_sizes(engine.policy)
     if not sizes:
-        pytest.skip(f"runtime {runtime.name!r} resolves {mode} to {engine.resolution.resolved}: no graphs")
+        check.skip(f"its policy has no capture sizes under {engine.policy.mode}")
     largest = sizes[-1]
     seqs = prefill(engine, [engines.new_id() for _ in range(7)], [3, 5, 2, 9, 4, 7, 1])
-    mixed_graphs = engine.resolution.resolved not in ("NONE", "FULL_DECODE_ONLY")
     for tokens in (largest - 1, largest, largest + 1, largest + 7):
         if tokens - len(seqs) < 1:
             continue  # the joining prompt needs at least one token
         ids = [engines.new_id()]
         requests = mixed_requests(seqs, ids, [tokens - len(seqs)])
-        out = engine.step(requests)
+        out = engine.step(requests)  # the mode and size are checked against dispatch() on every step
         case = f"{describe_batch(requests)}; max capture size {largest}"
         if tokens > largest:
-            expect_equal((out.runtime_mode, out.padded_num_tokens), ("NONE", tokens), invariant=INVARIANT,
-                         runtime=runtime, what="above the max: eager and unpadded", case=case)
-        else:
-            if mixed_graphs:  # FULL_DECODE_ONLY runs mixed batches eager by design
-                expect_equal(out.padded_num_tokens, largest, invariant=INVARIANT, runtime=runtime, case=case,
-                             what="at or just below the max the step pads to the max (and at the max pads nothing)")
-                expect(out.runtime_mode != "NONE", invariant=INVARIANT, runtime=runtime, case=case,
-                       what="a batch that fits the largest graph must not fall back to eager", ran=out.runtime_mode)
-        mismatch = first_mismatch(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits)
-        expect(mismatch is None, invariant=INVARIANT, runtime=runtime, case=case,
-               what=f"{out.runtime_mode} step at {out.padded_num_tokens} differs from eager", mismatch=mismatch)
+            check.equal((out.runtime_mode, out.padded_num_tokens), ("NONE", tokens), source=OWN_POLICY, case=case,
+                        what="above the largest size: eager and unpadded")
+        elif out.runtime_mode != "NONE":
+            check.equal(out.padded_num_tokens, largest, source=OWN_POLICY, case=case,
+                        what="at or just below the largest size the step pads to it (and at it pads nothing)")
+        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
+                        case=case, what=f"{out.runtime_mode} step at {out.padded_num_tokens} differs from eager")
         engine.release(ids[0])
-    for s in seqs:
-        engine.release(s.request_id)
 
 
-def backends_by_level(runtime):
-    return {level: name for name, level in runtime.capabilities.attention_backends}
-
-
-@pytest.mark.requires("attention_backends")
 @pytest.mark.parametrize("requested", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
-def test_unsupported_modes_resolve_or_fail_and_then_run_right(runtime, engines, requested):
-    for level, backend in backends_by_level(runtime).items():
-        expected = oracle.expected_resolution(requested, level)
-        case = f"mode {requested} with backend {backend} ({level})"
-        if expected.error:
-            with pytest.raises(ValueError):
-                engines.get(mode=requested, attention=(backend,), fresh=True)
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engine = engines.get(mode=requested, attention=(backend,))
-        expect_equal(engine.resolution.resolved, expected.resolved, invariant=INVARIANT, runtime=runtime,
-                     what="resolved mode", case=case)
-        seqs = prefill(engine, [engines.new_id() for _ in range(3)], [4, 2, 6])
-        joined = engines.new_id()
-        for requests in (mixed_requests(seqs, [], []), mixed_requests(seqs[:2], [joined], [3])):
-            out = engine.step(requests)
-            mismatch = first_mismatch(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits)
-            expect(mismatch is None, invariant=INVARIANT, runtime=runtime,
-                   case=f"{case}; {describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
-                   what="after resolution the step differs from eager", mismatch=mismatch)
-        for request_id in [s.request_id for s in seqs] + [joined]:
-            engine.release(request_id)
+def test_modes_the_backend_cannot_honour_resolve_and_then_run_right(check, engines, requested, attention_backend):
+    name, level = attention_backend
+    want = expected.resolution(engines.runtime, requested, (name,), 0)
+    case = f"mode {requested} with backend {name} ({level})"
+    if want.value == "error":
+        check.rejects(lambda: engines.get(mode=requested, attention=(name,), fresh=True), source=want.source,
+                      case=case, what="building an engine for a mode its attention cannot honour must be rejected")
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = engines.get(mode=requested, attention=(name,))
+    if want.value is not None:
+        check.equal(engine.resolution.resolved, want.value, what="resolved mode", source=want.source, case=case)
+    seqs = prefill(engine, [engines.new_id() for _ in range(3)], [4, 2, 6])
+    joined = engines.new_id()
+    for requests in (mixed_requests(seqs, [], []), mixed_requests(seqs[:2], [joined], [3])):
+        out = engine.step(requests)
+        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
+                        case=f"{case}; {describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
+                        what="after resolution the step differs from eager")

@@ -1,105 +1,154 @@
-"""Padding isolation (SPEC 7, invariants 2 and 3): real rows do not depend on what padded rows
-hold; padded rows write no KV-cache slot; a small batch after a large one runs on fresh
-metadata, not on what the large one left in the static buffers."""
+"""Padding isolation (docs/spec.md section 7, invariants 2 and 3).
+
+- Real rows do not depend on what padded rows hold (zeros, random values, NaN, inf), and the
+  fill provably took effect (the harness reads the padded rows back, `input_inspection`).
+- Padded rows write no KV-cache slot (every slot snapshotted, the last one included).
+- The engine's own padded inputs, read back by the harness: in-range token ids and positions, the
+  declared padding slot, and the same values whatever ran before (a large batch, a small one).
+- A small batch after a large one runs on fresh metadata, not on what the large one left.
+
+Expected values: the same step without the fill, an eager engine that never saw the large batch,
+and the KV snapshot before the step. Padded batches are chosen from the runtime's own sizes.
+"""
 import pytest
 import torch
 
-from harness.compare import expect
-from harness.equality import first_mismatch
-from harness.execution import decode_requests, describe_batch, mixed_requests, prefill
+from harness.batches import advance, decode_requests, describe_batch, mixed_requests, prefill
+from harness.vocabulary import EAGER, OBSERVED, OWN_POLICY
 
 INVARIANT = "padding isolation"
 pytestmark = pytest.mark.requires("execution")
-FILLS = ["zeros", "random", "nan", "inf"]
-PADDED_COUNTS = [3, 5, 6, 7]  # none is a capture size of the default test grid [1, 2, 4, 8, 16]
+LENGTHS = [3, 5, 2, 9, 4, 7, 1]
 
 
-@pytest.fixture(params=FILLS)
-def padding_fill(request, runtime):
-    if request.param not in runtime.capabilities.padding_fills:
-        pytest.skip(f"runtime {runtime.name!r} cannot fill padding with {request.param!r} (padding_fills)")
-    return request.param
+def padded_counts(runtime, engine, most: int) -> list[int]:
+    """Token counts up to `most` that the runtime's own policy pads (up to four of them)."""
+    if runtime.capabilities.capture_sizes:
+        counts = [n for n in range(1, most + 1) if (runtime.padded_size(engine.policy, n) or n) > n]
+    else:
+        counts = list(range(1, most + 1))
+    return counts[:4] if len(counts) <= 4 else [counts[0], counts[len(counts) // 3], counts[2 * len(counts) // 3],
+                                                  counts[-1]]
 
 
-def padded_batches(engines, seqs):
+def padded_batches(engines, engine, seqs):
     """Padded uniform and mixed batches; with 7 requests live, one joining keeps max_num_seqs 8."""
-    for n in PADDED_COUNTS:
+    for n in padded_counts(engines.runtime, engine, len(seqs)):
         yield decode_requests(seqs[:n]), []
-        ids = [engines.new_id()]
-        yield mixed_requests(seqs[: n - 2], ids, [2]), ids
+        if n >= 2:
+            ids = [engines.new_id()]
+            yield mixed_requests(seqs[: n - 2], ids, [2]), ids
 
 
 @pytest.mark.requires("padding_fills")
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
-def test_real_rows_ignore_what_padded_rows_hold(runtime, engines, mode, padding_fill):
-    engine = engines.get(mode=mode)
-    seqs = prefill(engine, [engines.new_id() for _ in range(7)], [3, 5, 2, 9, 4, 7, 1])
-    for requests, started in padded_batches(engines, seqs):
+def test_real_rows_ignore_what_padded_rows_hold(check, engines, mode, padding_fill):
+    engine = engines.for_mode(mode)
+    seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
+    padded_steps = 0
+    for requests, started in padded_batches(engines, engine, seqs):
         plain = engine.step(requests)
+        plain_inputs = engine.last_step_inputs() if engines.runtime.capabilities.input_inspection else None
         filled = engine.step(requests, padding_fill=padding_fill)
-        expect(filled.padded_num_tokens > filled.num_tokens, invariant=INVARIANT, runtime=runtime,
-               what="the batch was meant to be padded", case=describe_batch(requests),
-               padded=filled.padded_num_tokens)
-        mismatch = first_mismatch(filled.logits, plain.logits)
-        expect(mismatch is None, invariant=INVARIANT, runtime=runtime,
-               what=f"real rows changed when padded rows held {padding_fill!r}",
-               case=f"{describe_batch(requests)}; {filled.runtime_mode} at {filled.padded_num_tokens}",
-               mismatch=mismatch)
+        case = f"{describe_batch(requests)}; {filled.runtime_mode} at {filled.padded_num_tokens}"
+        padded_steps += filled.padded_num_tokens > filled.num_tokens
+        check.same_bits(filled.logits, plain.logits, what=f"real rows changed when padded rows held {padding_fill!r}",
+                        source="the same step without the fill", case=case)
+        if plain_inputs is not None and filled.padded_num_tokens > filled.num_tokens and padding_fill != "zeros":
+            n, filled_inputs = filled.num_tokens, engine.last_step_inputs()
+            check.that(not torch.equal(filled_inputs.token_ids[n:], plain_inputs.token_ids[n:])
+                       or not torch.equal(filled_inputs.positions[n:], plain_inputs.positions[n:]),
+                       what=f"the {padding_fill!r} fill did not reach the padded rows: they hold what they held "
+                            "without it", source=OBSERVED, case=case, padded_token_ids=filled_inputs.token_ids[n:].tolist())
         for request_id in started:
             engine.release(request_id)
-    for s in seqs:
-        engine.release(s.request_id)
+    check.that(padded_steps > 0, what="none of the batches chosen to be padded was padded", source=OWN_POLICY)
 
 
 @pytest.mark.requires("kv_inspection")
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
-def test_padded_rows_write_no_kv_slot(runtime, engines, mode):
+def test_padded_rows_write_no_kv_slot(check, engines, mode):
     """Snapshot every slot, run padded steps, and allow changes only where real tokens wrote."""
     engine = engines.get(mode=mode, fresh=True, capture=mode != "NONE")
-    seqs = prefill(engine, [engines.new_id() for _ in range(7)], [3, 5, 2, 9, 4, 7, 1])
-    for requests, started in padded_batches(engines, seqs):
+    seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
+    for requests, started in padded_batches(engines, engine, seqs):
         before = engine.kv_snapshot()
         out = engine.step(requests)
         after = engine.kv_snapshot()
         written = {engine.slot_of(r.request_id, r.context_len + j) for r in requests for j in range(len(r.token_ids))}
-        changed = set((before != after).flatten(1).any(dim=1).nonzero().flatten().tolist())
-        # A NaN that stayed NaN is not a change.
-        changed = {s for s in changed if not torch.equal(before[s].isnan(), after[s].isnan())
-                   or not torch.equal(before[s].nan_to_num(), after[s].nan_to_num())}
-        stray = sorted(changed - written)
+        stray = sorted(set(changed_slots(before, after)) - written)
         last = before.shape[0] - 1
-        expect(not stray, invariant=INVARIANT, runtime=runtime,
-               what="padded rows wrote KV-cache slots" + (" (including the last slot, where -1 wraps)"
-                                                          if last in stray else ""),
-               case=f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
-               stray_slots=stray[:10], real_slots=sorted(written)[:10])
+        check.that(not stray, what="padded rows wrote KV-cache slots" + (
+            " (including the last slot, where -1 wraps)" if last in stray else ""), source=OBSERVED,
+            case=f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
+            stray_slots=stray[:10], real_slots=sorted(written)[:10])
         for request_id in started:
             engine.release(request_id)
 
 
+def changed_slots(before, after) -> list[int]:
+    """Slots whose contents changed; a NaN that stayed NaN is not a change."""
+    differ = (before != after).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    return [s for s in differ if not torch.equal(before[s].isnan(), after[s].isnan())
+            or not torch.equal(before[s].nan_to_num(), after[s].nan_to_num())]
+
+
+@pytest.mark.requires("input_inspection")
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
-def test_a_small_batch_after_a_large_one_sees_fresh_metadata(runtime, engines, mode):
+def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engines, mode):
+    """The padded rows the engine itself wrote: token ids in the vocabulary, positions inside the
+    model's length, the padding slot; and the same values after a large batch as after a small one
+    (stale positions left in padded rows are a bug real engines shipped)."""
+    engine = engines.for_mode(mode)
+    seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
+    for n in padded_counts(engines.runtime, engine, len(seqs)):
+        requests = decode_requests(seqs[:n])
+        seen = []
+        for previous in (decode_requests(seqs), decode_requests(seqs[:1]), decode_requests(seqs)):
+            engine.step(previous)  # fills the static buffers with another batch's rows
+            out = engine.step(requests)
+            inputs = engine.last_step_inputs()
+            pad = slice(out.num_tokens, out.padded_num_tokens)
+            case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+            ids, positions, slots = inputs.token_ids[pad], inputs.positions[pad], inputs.slot_mapping[pad]
+            check.that(bool(((ids >= 0) & (ids < engines.vocab)).all()), source=OBSERVED, case=case,
+                       what=f"padded rows hold token ids outside the vocabulary 0..{engines.vocab - 1}",
+                       padded_token_ids=ids.tolist())
+            check.that(bool(((positions >= 0) & (positions < engines.max_model_len)).all()), source=OBSERVED,
+                       case=case, what=f"padded rows hold positions outside 0..{engines.max_model_len - 1}",
+                       padded_positions=positions.tolist())
+            check.that(bool((slots == inputs.padding_slot).all()), source=OBSERVED, case=case,
+                       what=f"padded rows must carry the padding slot {inputs.padding_slot} (no KV write)",
+                       padded_slots=slots.tolist())
+            seen.append(torch.stack([ids, positions, slots]).cpu())
+        check.that(all(torch.equal(seen[0], other) for other in seen[1:]), source=OBSERVED,
+                   case=describe_batch(requests), what="padded rows hold different values depending on which "
+                   "batch ran before: stale rows from an earlier step", after_large=seen[0].tolist(),
+                   after_small=seen[1].tolist())
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+def test_a_small_batch_after_a_large_one_sees_fresh_metadata(check, engines, mode):
     """Large then small: the small step must match a fresh eager engine that never saw the large one."""
-    engine = engines.get(mode=mode, fresh=True)
+    engine = engines.for_mode(mode, fresh=True)
     ids = [engines.new_id() for _ in range(8)]
-    lengths = [9, 3, 5, 2, 7, 4, 6, 8]
-    seqs = prefill(engine, ids, lengths)
-    engine.step(decode_requests(seqs))  # large: all 8 at their contexts
-    for s in seqs:
-        s.context_len += 1
+    seqs = prefill(engine, ids, [9, 3, 5, 2, 7, 4, 6, 8])
+    large = decode_requests(seqs)
+    engine.step(large)
+    advance(seqs, large)
     small = decode_requests(seqs[:2])
     got = engine.step(small)
-    same_shape = engine.eager_step(small, got.padded_num_tokens)
-    mismatch = first_mismatch(got.logits, same_shape.logits)
-    expect(mismatch is None, invariant=INVARIANT, runtime=runtime, what="small step after a large one vs eager",
-           case=f"{describe_batch(small)}; {got.runtime_mode} at {got.padded_num_tokens}", mismatch=mismatch)
+    case = f"{describe_batch(small)}; {got.runtime_mode} at {got.padded_num_tokens}"
+    check.same_bits(got.logits, engine.eager_step(small, got.padded_num_tokens).logits, source=EAGER, case=case,
+                    what="small step after a large one vs eager at the same shape")
     # An engine that never ran the large batch: prefill each context whole, then the same small step.
     fresh = engines.get(mode="NONE", fresh=True, capture=False)
-    fresh_seqs = prefill(fresh, ids[:2], [s.context_len for s in seqs[:2]])
-    expected = fresh.step(decode_requests(fresh_seqs))
+    fresh.step([type(r)(r.request_id, tuple(s.tokens), 0) for r, s in zip(small, seqs)])
+    expected = fresh.step(small)
     scale = float(expected.logits.abs().max())
     error = float((got.logits.double() - expected.logits.double()).abs().max())
-    expect(error <= 1e-3 * max(scale, 1.0), invariant=INVARIANT, runtime=runtime,
-           what="a small batch after a large one differs from an engine that never ran the large one "
-                "(stale block tables or seq_lens?)",
-           case=describe_batch(small), largest_difference=error, logit_scale=scale)
+    check.note_difference(error)
+    check.that(error <= 1e-3 * max(scale, 1.0), source="an eager engine that never ran the large batch", case=case,
+               what="a small batch after a large one differs from an engine that never ran the large one "
+                    "(stale block tables or seq_lens?)", largest_difference=error, logit_scale=scale)
+

@@ -1,10 +1,10 @@
-"""Serving benchmark (benchmark lane; SPEC 8's table): the same synthetic request stream through
+"""Serving benchmark (benchmark lane; docs/spec.md section 8's table): the same synthetic request stream through
 continuous batching, per mode: eager, PIECEWISE and FULL_AND_PIECEWISE. Reported, not asserted,
 beyond every request finishing."""
 import pytest
 
 from harness import serving
-from harness.compare import expect
+from harness.records import Serving
 
 INVARIANT = "serving"
 pytestmark = pytest.mark.requires("execution")
@@ -12,13 +12,13 @@ MODES = {"eager": "NONE", "piecewise": "PIECEWISE", "full_and_piecewise": "FULL_
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_serving_throughput_and_latency(runtime, bench_engines, benchmark, record_property, mode):
+def test_serving_throughput_and_latency(check, bench_engines, benchmark, record, mode):
     engine = bench_engines.get(mode=MODES[mode], capture=mode != "eager")
     workload = serving.Workload(max_model_len=bench_engines.max_model_len)
     box = {}
     benchmark.pedantic(lambda: box.setdefault("m", serving.run(engine, workload, 256, 8192)), rounds=1, iterations=1)
     result = box["m"]
     benchmark.extra_info.update(result)
-    record_property("serving", {"mode": mode, **result})
-    expect(result["requests"] == workload.num_requests, invariant=INVARIANT, runtime=runtime,
-           what="every request of the stream must finish", finished=result["requests"])
+    record(Serving(mode=mode, **result))
+    check.equal(result["requests"], workload.num_requests, what="requests of the stream that finished",
+                source="the workload")

@@ -1,13 +1,14 @@
-"""Step latency per graph mode (the benchmark lane; SPEC 1 and 7, invariant 7).
+"""Step latency per graph mode (the benchmark lane; docs/spec.md sections 1 and 7, invariant 7).
 
-A sweep of decode batches from 1 to max_num_seqs, on capture sizes and between them, for eager,
-PIECEWISE and FULL (FULL_AND_PIECEWISE routes uniform decode to FULL graphs), through
-pytest-benchmark. Each result carries the padded size, the launches the harness counted and the
-summed kernel time of an eager step at the same shape. Only one thing is asserted, because it
-is robust on a noisy machine: a graph mode beats eager at batch 1 by a clear margin. Where graphs
-stop paying (the crossover) is reported, not asserted.
+A sweep of decode batches from 1 to 256, on capture sizes and between them, for eager, PIECEWISE
+and FULL (FULL_AND_PIECEWISE routes uniform decode to FULL graphs), through pytest-benchmark.
+Each result carries the padded size, the step's median and spread (IQR, coefficient of
+variation), the graph replays alone (timed by the harness on the GPU stream, without preparing
+inputs), the launches the harness counted, and the summed kernel time of an eager step at the
+same shape: the floor a graph can approach. One thing is asserted, because it is robust on a
+noisy machine: a FULL step beats eager at batch 1 by a clear margin.
 
-    pytest suites/ --benchmark-only -p no:xdist --report-dir reports/latest
+    pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
 """
 import statistics
 import time
@@ -15,15 +16,17 @@ import time
 import pytest
 import torch
 
-from harness import launches
-from harness.compare import expect
-from harness.execution import decode_requests, prefill
+from harness.batches import decode_requests, prefill
+from harness.graphs import counting
+from harness.graphs.log import timed_replays
+from harness.records import Batch1Speedup, Capture, Latency
 
 INVARIANT = "launch overhead"
 pytestmark = pytest.mark.requires("execution")
 MODES = {"eager": "NONE", "piecewise": "PIECEWISE", "full": "FULL_AND_PIECEWISE"}
 BATCHES = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64, 65, 128, 200, 256]
 CONTEXT = 128
+ROUNDS = 30
 _contexts: dict = {}
 
 
@@ -31,7 +34,7 @@ def contexts(engines, engine, count=256):
     """256 requests with CONTEXT tokens each in the KV cache, prefilled once per engine."""
     if id(engine) not in _contexts:
         seqs = []
-        for start in range(0, count, 8):  # 1024 tokens a prefill step
+        for _ in range(0, count, 8):  # 1024 tokens a prefill step
             seqs += prefill(engine, [engines.new_id() for _ in range(8)], [CONTEXT] * 8)
         _contexts[id(engine)] = seqs
     return _contexts[id(engine)]
@@ -47,27 +50,38 @@ def synced(engine, requests):
 
 @pytest.mark.parametrize("batch", BATCHES, ids=lambda b: f"b={b}")
 @pytest.mark.parametrize("mode", list(MODES))
-def test_decode_step_latency(runtime, bench_engines, benchmark, record_property, mode, batch):
+def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, batch):
     engine = bench_engines.get(mode=MODES[mode], capture=mode != "eager")
     requests = decode_requests(contexts(bench_engines, engine)[:batch])
     step = synced(engine, requests)
     out = step()
-    benchmark.pedantic(step, rounds=30, warmup_rounds=5, iterations=1)
-    counted = launches.count(step, "cuda")
-    kernel_us = launches.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
-    info = {"mode": mode, "batch": batch, "padded": out.padded_num_tokens, "runtime_mode": out.runtime_mode,
-            "kernel_launches": counted.kernels, "graph_launches": counted.graphs, "memcpy_calls": counted.copies,
-            "eager_kernel_ms": kernel_us / 1e3, "step_ms_median": benchmark.stats.stats.median * 1e3,
-            "step_ms_min": benchmark.stats.stats.min * 1e3, "rounds": benchmark.stats.stats.rounds}
-    benchmark.extra_info.update(info)
-    record_property("latency", info)
-    if mode != "eager":
-        report = engine.capture_report()
-        record_property("capture", {"mode": MODES[mode], "preset": bench_engines.preset, "graphs": dict(report.graphs),
-                                    "seconds": report.seconds, "memory_bytes": report.memory_bytes})
+    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
+    stats = benchmark.stats.stats
+    replay_ms = None
+    if out.runtime_mode != "NONE":
+        with timed_replays() as times:
+            for _ in range(ROUNDS):
+                step()
+        per_step = len(times) // ROUNDS
+        replay_ms = statistics.median(sum(times[i:i + per_step]) for i in range(0, len(times), per_step)) \
+            if per_step else None
+    counted = counting.count(step, "cuda")
+    kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
+    latency = Latency(mode=mode, batch=batch, padded=out.padded_num_tokens, runtime_mode=out.runtime_mode,
+                      step_ms_median=stats.median * 1e3, step_ms_min=stats.min * 1e3, step_ms_iqr=stats.iqr * 1e3,
+                      step_ms_cv=stats.stddev / stats.mean if stats.mean else None, replay_ms_median=replay_ms,
+                      eager_kernel_ms=kernel_us / 1e3, kernel_launches=counted.kernels, graph_launches=counted.graphs,
+                      memcpy_calls=counted.copies, rounds=stats.rounds)
+    benchmark.extra_info.update(latency.as_dict())
+    record(latency)
+    if mode != "eager" and batch == BATCHES[0]:
+        report = engine.captured
+        record(Capture(mode=MODES[mode], preset=bench_engines.preset, graphs=dict(report.graphs),
+                       seconds=report.seconds, memory_bytes=report.memory_bytes, graph_backend="cuda",
+                       observed_captures=engine.seen_at_capture.captures))
 
 
-def median_ms(fn, rounds=30, warmup=5):
+def median_ms(fn, rounds=ROUNDS, warmup=5):
     for _ in range(warmup):
         fn()
     samples = []
@@ -78,14 +92,14 @@ def median_ms(fn, rounds=30, warmup=5):
     return statistics.median(samples) * 1e3
 
 
-def test_graphs_beat_eager_at_batch_1(runtime, bench_engines, benchmark, record_property):
+def test_graphs_beat_eager_at_batch_1(check, bench_engines, benchmark, record):
     eager = bench_engines.get(mode="NONE", capture=False)
     full = bench_engines.get(mode="FULL_AND_PIECEWISE")
     eager_ms = median_ms(synced(eager, decode_requests(contexts(bench_engines, eager)[:1])))
     step = synced(full, decode_requests(contexts(bench_engines, full)[:1]))
-    benchmark.pedantic(step, rounds=30, warmup_rounds=5, iterations=1)
+    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
     full_ms = benchmark.stats.stats.median * 1e3
-    record_property("batch1_speedup", {"eager_ms": eager_ms, "full_ms": full_ms, "speedup": eager_ms / full_ms})
-    expect(eager_ms >= 1.5 * full_ms, invariant=INVARIANT, runtime=runtime,
-           what="at batch 1 a FULL graph step must be clearly faster than eager (>= 1.5x)",
-           eager_ms=round(eager_ms, 3), full_ms=round(full_ms, 3))
+    record(Batch1Speedup(eager_ms=eager_ms, full_ms=full_ms, speedup=eager_ms / full_ms))
+    check.that(eager_ms >= 1.5 * full_ms, source="an eager step of the same runtime, timed",
+               what="at batch 1 a FULL graph step must be clearly faster than eager (>= 1.5x)",
+               eager_ms=round(eager_ms, 3), full_ms=round(full_ms, 3))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_runtime.graphs import CaptureError, StaleAddressError, make_backend
+from harness.graphs import CaptureError, StaleAddressError, make_backend
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
 

@@ -11,7 +11,7 @@ from reference_runtime.engine.buffers import Request
 from reference_runtime.engine.engine import LLMEngine
 from reference_runtime.engine.model import seeded_hf_model
 from reference_runtime.engine.runner import ModelRunner, RunnerConfig
-from reference_runtime.graphs import CaptureError, StaleAddressError
+from harness.graphs import CaptureError, StaleAddressError
 from reference_runtime.policy import PolicyConfig
 
 BACKENDS = ["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),

@@ -8,6 +8,7 @@ The wrappers only count and call through.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -27,6 +28,23 @@ class GraphLog:
 
 
 LOG = GraphLog()
+_timed: list | None = None  # (start, end) CUDA events of each replay while timed_replays() is open
+
+
+@contextmanager
+def timed_replays():
+    """Time every CUDA graph replay on its stream while open: yields a list that fills with the
+    milliseconds of each (read it after the block; the device is synchronised on exit)."""
+    import torch
+
+    global _timed
+    outer, _timed, times = _timed, [], []
+    try:
+        yield times
+    finally:
+        events, _timed = _timed, outer
+        torch.cuda.synchronize()
+        times.extend(start.elapsed_time(end) for start, end in events)
 
 
 def watch_cuda_graphs() -> None:
@@ -44,7 +62,14 @@ def watch_cuda_graphs() -> None:
         return result
 
     def counted_replay(self, *args, **kwargs):
-        result = replay(self, *args, **kwargs)
+        if _timed is None:
+            result = replay(self, *args, **kwargs)
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = replay(self, *args, **kwargs)
+            end.record()
+            _timed.append((start, end))
         LOG.replays += 1
         return result
 

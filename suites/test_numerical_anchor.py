@@ -1,0 +1,93 @@
+"""The numerical anchor (docs/spec.md section 7, invariant 1's independent half): every step of a
+generation, in every mode, against transformers' own forward over the same checkpoint.
+
+Every other equality in these suites compares a runtime with itself (graph vs its own eager), so
+a bug shared by all its paths (RoPE one position off, a wrong norm epsilon, keys and values
+swapped) passes them. Here the expected logits come from outside the engine: the harness writes
+the preset's seeded weights as a Hugging Face checkpoint, the engine loads it
+(`loads_checkpoint`), and `harness.anchor` computes each request's rows from its whole sequence.
+Logits must agree within the engine dtype's tolerance (harness.anchor.TOLERANCE), and the greedy
+token must be the same wherever the anchor's top-2 margin exceeds that tolerance.
+"""
+import pytest
+import torch
+
+from harness.anchor import TOLERANCE, Anchor, top2_margin
+from harness.batches import describe_batch, prompt
+from harness.protocol import Request
+from harness.records import Anchor as AnchorRecord
+from harness.vocabulary import INDEPENDENT_FORWARD
+
+INVARIANT = "numerical anchor"
+pytestmark = pytest.mark.requires("execution", "loads_checkpoint")
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
+
+
+@pytest.fixture(scope="module")
+def anchor(engine_factory):
+    return Anchor(engine_factory.checkpoint(), device=engine_factory.config().device)
+
+
+def generation(engine, anchor, first_id: int, q: int = 1, steps: int = 8):
+    """Requests join and leave; decode steps feed the anchor's greedy tokens (plus q - 1 drafts),
+    so the engine and the anchor always see the same sequences. Yields (requests, logits, expected)."""
+    joins = {0: [5, 11, 3], 1: [7], 3: [2, 9], 5: [4]}
+    leaves = {2: 1, 5: 2}
+    history: dict[int, list[int]] = {}
+    next_token: dict[int, int] = {}
+    live: list[int] = []
+    for t in range(steps):
+        new = [(first_id + 10 * t + j, n) for j, n in enumerate(joins.get(t, []))]
+        requests = [Request(i, (next_token[i],) + tuple(1 + (next_token[i] + j) % 200 for j in range(1, q)),
+                            len(history[i])) for i in live]
+        requests += [Request(i, prompt(i, n), 0) for i, n in new]
+        out = engine.step(requests)
+        expected = anchor.step(requests, history)
+        yield requests, out, expected
+        row = 0
+        for r in requests:
+            history[r.request_id] = history.get(r.request_id, []) + list(r.token_ids)
+            row += len(r.token_ids)
+            next_token[r.request_id] = int(expected[row - 1].argmax())
+        live += [i for i, _ in new]
+        for _ in range(leaves.get(t, 0)):
+            engine.release(live.pop(0))
+    for i in live:
+        engine.release(i)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_step_matches_transformers(check, engines, record, anchor, mode):
+    engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
+    _compare(check, engines, record, anchor, engine, mode, q=1)
+
+
+@pytest.mark.requires("speculative")
+def test_verify_steps_match_transformers(check, engines, record, anchor):
+    engine = engines.for_mode("FULL_AND_PIECEWISE", spec=1)
+    _compare(check, engines, record, anchor, engine, "FULL_AND_PIECEWISE q=2", q=2)
+
+
+def _compare(check, engines, record, anchor, engine, label, q):
+    tolerance = TOLERANCE[engines.dtype]
+    largest, compared, equal, steps = 0.0, 0, 0, 0
+    for requests, out, expected in generation(engine, anchor, engines.new_id() * 100, q=q):
+        steps += 1
+        got = out.logits.float().cpu()
+        difference = float((got - expected).abs().max())
+        largest = max(largest, difference)
+        case = f"step {steps - 1}: {describe_batch(requests)}; ran {out.runtime_mode} at {out.padded_num_tokens}"
+        check.note_difference(difference)
+        check.that(difference <= tolerance, source=INDEPENDENT_FORWARD, case=case,
+                   what=f"logits differ from transformers' forward by more than the {engines.dtype} tolerance "
+                        f"{tolerance:g}", largest_difference=difference,
+                   worst_row=int((got - expected).abs().max(dim=-1).values.argmax()))
+        decided = top2_margin(expected) > tolerance
+        same = got.argmax(-1) == expected.argmax(-1)
+        compared += int(decided.sum())
+        equal += int((same & decided).sum())
+        check.that(bool(same[decided].all()), source=INDEPENDENT_FORWARD, case=case,
+                   what="a greedy token differs from transformers' where its top-2 margin exceeds the tolerance",
+                   rows=torch.nonzero(decided & ~same).flatten().tolist())
+    record(AnchorRecord(mode=label, dtype=engines.dtype, steps=steps, largest_difference=largest, tolerance=tolerance,
+                        tokens_compared=compared, tokens_equal=equal))
