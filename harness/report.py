@@ -174,4 +174,12 @@ def _reason(report) -> str:
         return report.wasxfail
     if report.skipped and isinstance(report.longrepr, tuple):
         return report.longrepr[2]
-    return safe_str(report.longrepr, limit=4000)
+    # The crash message is the check's own text (or the exception's); the tail of the longer
+    # representation holds the last frames. Long tracebacks are cut in the middle, never the message.
+    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
+    crash = crash.removeprefix("Failed: ").strip()
+    text = safe_str(report.longrepr, limit=100_000)
+    if len(text) <= 4000:
+        return text
+    tail = text[-1500:]
+    return tail if crash in tail else safe_str(crash, limit=4000) + "\n...\n" + tail

@@ -11,6 +11,7 @@ import pytest
 
 from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
 from harness.protocol import Request
+from harness.safe import describe_exception
 from harness.vocabulary import EAGER, OBSERVED
 
 INVARIANT = "capture side effects"
@@ -41,12 +42,13 @@ def test_the_configured_kv_capacity_is_there_after_capture(check, engines):
         while context < length:  # prefill in chunks that fit one step
             n = min(chunk, length - context)
             request = Request(request_id, tuple(1 + (context + j) % 200 for j in range(n)), context)
+            error = None
             try:
                 engine.step([request])
             except Exception as exc:  # the cache is full: a wrong answer, reported with what was held
-                check.fail(f"after capture, requests needing {capacity} KV tokens (kv_tokens) do not fit",
-                           source="the configured kv_tokens", held_tokens=filled + context,
-                           error=f"{type(exc).__name__}: {exc}")
+                error = describe_exception(exc)
+            check.that(error is None, what=f"after capture, requests needing {capacity} KV tokens (kv_tokens) "
+                       "do not fit", source="the configured kv_tokens", held_tokens=filled + context, error=error)
             context += n
         filled += length
     check.equal(filled, capacity, what="KV tokens held after capture", source="the configured kv_tokens")

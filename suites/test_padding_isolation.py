@@ -104,8 +104,9 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
     for n in padded_counts(engines.runtime, engine, len(seqs)):
         requests = decode_requests(seqs[:n])
         seen = []
-        for previous in (decode_requests(seqs), decode_requests(seqs[:1]), decode_requests(seqs)):
-            engine.step(previous)  # fills the static buffers with another batch's rows
+        stranger = engines.new_id()
+        for previous in (decode_requests(seqs), mixed_requests([], [stranger], [8]), decode_requests(seqs[:1])):
+            engine.step(previous)  # leaves another batch's rows in the static buffers
             out = engine.step(requests)
             inputs = engine.last_step_inputs()
             pad = slice(out.num_tokens, out.padded_num_tokens)
@@ -121,10 +122,11 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
                        what=f"padded rows must carry the padding slot {inputs.padding_slot} (no KV write)",
                        padded_slots=slots.tolist())
             seen.append(torch.stack([ids, positions, slots]).cpu())
+        engine.release(stranger)
         check.that(all(torch.equal(seen[0], other) for other in seen[1:]), source=OBSERVED,
                    case=describe_batch(requests), what="padded rows hold different values depending on which "
-                   "batch ran before: stale rows from an earlier step", after_large=seen[0].tolist(),
-                   after_small=seen[1].tolist())
+                   "batch ran before: stale rows from an earlier step",
+                   padded_rows_after_each=[rows.tolist() for rows in seen])
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])

@@ -1,7 +1,8 @@
 """Deliberately broken engines: the reference engine with one bug each, of a kind real engines
-shipped. The self-tests check that the execution suites catch every one of them.
+shipped. The self-tests (test_broken_engines.py) check that the execution suites catch every one.
 
-Each mutant is a runtime whose engine differs from the reference in one place.
+Each mutant is a runtime whose engine's runner differs from the reference in one place, built
+through the same public pieces a third party would use (`runner_config`, `ReferenceEngine`).
 """
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ from dataclasses import replace
 
 import torch
 
-from reference_runtime.adapter import ReferenceRuntime
+from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
 from reference_runtime.engine.attention import StaticBackend, attend, gather_context
 from reference_runtime.engine.runner import CUDAGraphMode, ModelRunner, StepOutput
 
 
-def mutant(name: str, runner_class: type) -> type:
-    return type(runner_class.__name__.lstrip("_"), (ReferenceRuntime,), {"name": name, "runner_class": runner_class,
-                                                             "__doc__": runner_class.__doc__})
+def mutant(name: str, runner_class: type, engine_class: type = ReferenceEngine) -> type:
+    def build(self, config):
+        return engine_class(runner_class(runner_config(config)))
+
+    return type(runner_class.__name__.lstrip("_"), (ReferenceRuntime,),
+                {"name": name, "build": build, "__doc__": runner_class.__doc__})
 
 
+# -- padding, metadata and addresses ------------------------------------------------------------
 class _SlotWraps(ModelRunner):
     """Padded rows' slot -1 is used as a Python index: it wraps onto the last real slot."""
 
@@ -34,7 +39,19 @@ class _SlotWraps(ModelRunner):
         cache.write = write
 
 
-class _StaleBlockTables(ModelRunner):
+class _GraphStep(ModelRunner):
+    """A runner that knows whether the step it is loading will replay a graph."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._graph_step = False
+
+    def _run(self, requests, mode, *args, **kwargs):
+        self._graph_step = mode is not CUDAGraphMode.NONE
+        return super()._run(requests, mode, *args, **kwargs)
+
+
+class _StaleBlockTables(_GraphStep):
     """Graph steps keep the block tables already in the static buffer instead of refreshing them."""
 
     def __init__(self, config):
@@ -48,14 +65,9 @@ class _StaleBlockTables(ModelRunner):
                 self.buffers.block_tables.copy_(tables)
 
         self.buffers.load = load_keeping_tables
-        self._graph_step = False
-
-    def _run(self, requests, mode, *args, **kwargs):
-        self._graph_step = mode is not CUDAGraphMode.NONE
-        return super()._run(requests, mode, *args, **kwargs)
 
 
-class _NewInputTensors(ModelRunner):
+class _NewInputTensors(_GraphStep):
     """Graph steps bind new input tensors instead of copying into the captured ones, and replay
     without checking addresses: the graph reads the old memory."""
 
@@ -69,17 +81,12 @@ class _NewInputTensors(ModelRunner):
                 self.buffers.input_ids = self.buffers.input_ids.clone()
 
         self.buffers.load = load_into_new_tensor
-        self._graph_step = False
 
     def capture(self):
         summary = super().capture()
         for graph in list(self.full_graphs.values()) + [g for gs in self.piece_graphs.values() for g in gs]:
             graph.replay = lambda inputs=None, g=graph: type(g).replay(g, None)
         return summary
-
-    def _run(self, requests, mode, *args, **kwargs):
-        self._graph_step = mode is not CUDAGraphMode.NONE
-        return super()._run(requests, mode, *args, **kwargs)
 
 
 class _PadsBelowBatch(ModelRunner):
@@ -90,8 +97,7 @@ class _PadsBelowBatch(ModelRunner):
         sizes = self.dispatcher.sizes
         smaller = [s for s in sizes if s < n]
         if n not in sizes and smaller and n <= sizes[-1]:
-            key_size = smaller[-1]
-            return self._run(requests, CUDAGraphMode.PIECEWISE, key_size, None, None, padding_fill)
+            return self._run(requests, CUDAGraphMode.PIECEWISE, smaller[-1], None, None, padding_fill)
         return super().step(requests, padding_fill)
 
 
@@ -100,16 +106,64 @@ class _LeakyReduction(ModelRunner):
 
     def __init__(self, config):
         super().__init__(config)
-        model = self.model
-        first_piece = model.first_piece
+        first_piece = self.model.first_piece
 
         def leaky_first_piece(input_ids, positions):
             hidden, q, k, v = first_piece(input_ids, positions)
             return hidden + 1e-2 * hidden.mean(dim=0, keepdim=True), q, k, v
 
-        model.first_piece = leaky_first_piece
+        self.model.first_piece = leaky_first_piece
 
 
+class _StalePaddedPositions(ModelRunner):
+    """Padded rows keep the positions an earlier, larger step left in the static buffer (the
+    real rows are right, so only the padded inputs show it)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        load = self.buffers.load
+
+        def load_leaving_padding(layout):
+            previous = self.buffers.positions.clone()
+            load(layout)
+            pad = slice(layout.num_real_tokens, layout.num_tokens)
+            self.buffers.positions[pad].copy_(previous[pad])
+
+        self.buffers.load = load_leaving_padding
+
+
+class _IgnoresPaddingFills(ModelRunner):
+    """Accepts padding_fill and ignores it: the suites' padded-row checks test nothing."""
+
+    def step(self, requests, padding_fill=None):
+        return super().step(requests)
+
+
+class _OutputsOverwritten(ModelRunner):
+    """Returns a view of the graph's output buffer while declaring that outputs are the caller's."""
+
+    def _execute(self, layout, mode, key):
+        if mode is CUDAGraphMode.FULL:
+            graph = self.full_graphs[key]
+            graph.replay(self.graph_inputs())
+            n = layout.num_real_tokens
+            return StepOutput(graph.output[:n], mode.name, n, layout.num_tokens)
+        return super()._execute(layout, mode, key)
+
+
+class _SwapBreaksTheStep(ReferenceEngine):
+    """swap_static_buffer() leaves a list where the tensor was: the next step dies of a TypeError,
+    which is a bug in the engine, not the loud address check the suite asks for."""
+
+    def swap_static_buffer(self, name):
+        buffers = self.runner.buffers
+        if name in buffers.NAMES:
+            setattr(buffers, name, getattr(buffers, name).tolist())
+        else:
+            super().swap_static_buffer(name)
+
+
+# -- what runs and what is reported ---------------------------------------------------------------
 class _SilentDowngrade(ModelRunner):
     """Resolves the mode as the table says but keeps the downgrade to itself."""
 
@@ -118,6 +172,18 @@ class _SilentDowngrade(ModelRunner):
             warnings.simplefilter("ignore")
             super().__init__(config)
         self.resolution = replace(self.resolution, warnings=())
+
+
+class _ResolvesEverythingToNone(ModelRunner):
+    """Gives up on graphs for every mode (and says so), although its attention supports them: the
+    suites used to skip such an engine as 'resolved to NONE'."""
+
+    def __init__(self, config):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            super().__init__(replace(config, mode="NONE"))
+        self.resolution = replace(self.resolution, requested=self.resolution.requested.parse(config.mode),
+                                  warnings=(f"cudagraph_mode {config.mode} -> NONE: graphs disabled",))
 
 
 class _ReportsGraphRunsEager(ModelRunner):
@@ -140,15 +206,53 @@ class _ReportsWrongMode(ModelRunner):
         return out
 
 
-class _OutputsOverwritten(ModelRunner):
-    """Returns a view of the graph's output buffer while declaring that outputs are the caller's."""
+class _UniformByCount(ModelRunner):
+    """Decides `uniform` from the token count alone (num_tokens == q x num_reqs), so a verify batch
+    of unequal request lengths runs the uniform-decode graph (vLLM #28207)."""
 
-    def _execute(self, layout, mode, key, n):
+    def step(self, requests, padding_fill=None):
+        n = sum(len(r.token_ids) for r in requests)
+        mode, key = self.dispatcher.dispatch(n, len(requests), n == self.q * len(requests))
+        if mode is CUDAGraphMode.NONE:
+            return super().step(requests, padding_fill)
+        return self._run(requests, mode, key.num_tokens, None, key, padding_fill)
+
+
+class _StandInGraphs(ModelRunner):
+    """A stand-in for graphs that 'replays' by calling the captured Python function again: every
+    step is eager, and a host sync in capture would go unnoticed."""
+
+    class Backend:
+        name = "stand-in"
+
+        class Graph:
+            def __init__(self, fn):
+                self.fn, self.output = fn, fn()
+
+            def replay(self, inputs=None):
+                self.output = self.fn()
+
+        def capture(self, fn, *, static_inputs, name=""):
+            return self.Graph(fn)
+
+        def close_capture_phase(self):
+            pass
+
+        def pool_stats(self):
+            return {"bytes": 1}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.graphs = self.Backend()
+
+
+class _DoubleReplay(ModelRunner):
+    """Replays a FULL graph twice per step: right answers, twice the launches."""
+
+    def _execute(self, layout, mode, key):
         if mode is CUDAGraphMode.FULL:
-            graph = self.full_graphs[key]
-            graph.replay(self.buffers.tensors())
-            return StepOutput(graph.output[:n], mode.name, n, layout.num_tokens)
-        return super()._execute(layout, mode, key, n)
+            self.full_graphs[key].replay(self.graph_inputs())
+        return super()._execute(layout, mode, key)
 
 
 class _WindowFrozenAtCapture(ModelRunner):
@@ -170,9 +274,9 @@ class _WindowFrozenAtCapture(ModelRunner):
             return attend(q[:, None], k, v, mask[:, None, :], backend.scale)[:, 0]
         return per_token
 
-    def _execute(self, layout, mode, key, n):
+    def _execute(self, layout, mode, key):
         self._window = max(layout.seq_lens)
-        return super()._execute(layout, mode, key, n)
+        return super()._execute(layout, mode, key)
 
     def _capture_full(self, key):
         self._window = self.q  # the capture batch is all padding: contexts of q tokens
@@ -202,8 +306,111 @@ class _AlwaysLiar(ModelRunner):
                 liar = _LyingAlwaysBackend(backend.cache, backend.scale)
                 liar.graphs = self.graphs
                 self.backends[index] = liar
-        for backend in self.backends:
-            backend.cache = self.cache
+
+
+class _RotaryOffByOne(ModelRunner):
+    """Rotates each query one position too far (keys are right), in every path, eager and graphs
+    alike: every equality of the runtime with itself holds, and only an independent forward sees it."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        model, pre_attention = self.model, self.model.pre_attention
+
+        def query_one_off(index, hidden, positions):
+            q, k, v = pre_attention(index, hidden, positions)
+            shifted, _, _ = pre_attention(index, hidden, positions + 1)
+            return shifted, k, v
+
+        model.pre_attention = query_one_off
+
+
+# -- capture --------------------------------------------------------------------------------------
+class _CaptureWritesLiveKV(ModelRunner):
+    """Warm-up and capture run their dummy batch on real slots instead of the padding slot: the
+    KV of requests already in the cache is overwritten."""
+
+    def _load_dummy(self, num_tokens, uniform):
+        layout = super()._load_dummy(num_tokens, uniform)
+        block = self.config.block_size
+        self.buffers.slot_mapping[:num_tokens].copy_(torch.arange(block, block + num_tokens))
+        return layout
+
+
+class _CaptureConsumesKVCapacity(ModelRunner):
+    """Gives every capture batch KV blocks of its own and never frees them."""
+
+    def _load_dummy(self, num_tokens, uniform):
+        self.allocator.ensure(-1 - len(self.allocator.tables), num_tokens)
+        return super()._load_dummy(num_tokens, uniform)
+
+
+class _PiecewiseIsOneGraph(ModelRunner):
+    """Captures the whole forward, attention included, as the single 'piece' of a PIECEWISE size."""
+
+    def _capture_pieces(self, n):
+        meta = self.buffers.metadata(self._load_dummy(n, uniform=False))
+        self._forward(meta)
+        self.piece_graphs[n] = [self.graphs.capture(lambda: self._forward(meta), static_inputs=self.graph_inputs(),
+                                                    name=f"PIECEWISE n={n}")]
+
+    def _run_pieces(self, meta):
+        graph = self.piece_graphs[meta.num_tokens][0]
+        graph.replay(self.graph_inputs())
+        return graph.output
+
+
+class _GraphMemoryInKiB(ReferenceEngine):
+    """Reports graph memory in KiB where the protocol asks for bytes."""
+
+    def capture(self):
+        report = super().capture()
+        return replace(report, memory_bytes=report.memory_bytes // 1024)
+
+
+class _SecondCaptureTypeError(ModelRunner):
+    """A second capture() dies of a TypeError instead of refusing the closed capture phase."""
+
+    def capture(self):
+        if self.capture_summary is not None:
+            return len(None)
+        return super().capture()
+
+
+class _RecapturesSilently(ModelRunner):
+    """A second capture() throws the graphs away and captures them all again."""
+
+    def capture(self):
+        if self.capture_summary is not None:
+            self.capture_summary, self.full_graphs, self.piece_graphs = None, {}, {}
+            self.graphs._capture_phase_closed = False
+        return super().capture()
+
+
+class _CapturesInService(ModelRunner):
+    """capture() records nothing; each graph is captured the first time a step needs it."""
+
+    def capture(self):
+        from reference_runtime.engine.runner import CaptureSummary
+
+        if self.capture_summary is not None:
+            raise RuntimeError("the capture phase is over")
+        self.capture_summary = CaptureSummary({"FULL": 0, "PIECEWISE": 0}, 0.001, None, {}, [], self.graphs.name)
+        return self.capture_summary
+
+    def _execute(self, layout, mode, key):
+        if mode is CUDAGraphMode.FULL and key not in self.full_graphs:
+            with self.capture_phase():
+                self._capture_full(key)
+            self.buffers.load(self.last_layout)
+        if mode is CUDAGraphMode.PIECEWISE and layout.num_tokens not in self.piece_graphs:
+            with self.capture_phase():
+                self._capture_pieces(layout.num_tokens)
+            self.buffers.load(self.last_layout)
+        return super()._execute(layout, mode, key)
+
+
+def _engine_mutant(name: str, engine_class: type) -> type:
+    return mutant(name, type(engine_class.__name__, (ModelRunner,), {"__doc__": engine_class.__doc__}), engine_class)
 
 
 SlotWraps = mutant("slot-minus-one-wraps", _SlotWraps)
@@ -211,12 +418,30 @@ StaleBlockTables = mutant("stale-block-tables", _StaleBlockTables)
 NewInputTensors = mutant("new-input-tensors", _NewInputTensors)
 PadsBelowBatch = mutant("pads-below-batch", _PadsBelowBatch)
 LeakyReduction = mutant("leaky-batch-reduction", _LeakyReduction)
+StalePaddedPositions = mutant("stale-padded-positions", _StalePaddedPositions)
+IgnoresPaddingFills = mutant("ignores-padding-fills", _IgnoresPaddingFills)
+OutputsOverwritten = mutant("outputs-overwritten", _OutputsOverwritten)
+SwapBreaksTheStep = _engine_mutant("swap-breaks-the-step", _SwapBreaksTheStep)
 SilentDowngrade = mutant("silent-engine-downgrade", _SilentDowngrade)
+ResolvesEverythingToNone = mutant("resolves-everything-to-none", _ResolvesEverythingToNone)
 ReportsGraphRunsEager = mutant("reports-graph-runs-eager", _ReportsGraphRunsEager)
 ReportsWrongMode = mutant("reports-wrong-mode", _ReportsWrongMode)
-OutputsOverwritten = mutant("outputs-overwritten", _OutputsOverwritten)
+UniformByCount = mutant("uniform-by-count", _UniformByCount)
+StandInGraphs = mutant("stand-in-graphs", _StandInGraphs)
+DoubleReplay = mutant("double-replay", _DoubleReplay)
 WindowFrozenAtCapture = mutant("window-frozen-at-capture", _WindowFrozenAtCapture)
 AlwaysLiar = mutant("always-liar", _AlwaysLiar)
+RotaryOffByOne = mutant("rotary-off-by-one", _RotaryOffByOne)
+CaptureWritesLiveKV = mutant("capture-writes-live-kv", _CaptureWritesLiveKV)
+CaptureConsumesKVCapacity = mutant("capture-consumes-kv-capacity", _CaptureConsumesKVCapacity)
+PiecewiseIsOneGraph = mutant("piecewise-is-one-graph", _PiecewiseIsOneGraph)
+GraphMemoryInKiB = _engine_mutant("graph-memory-in-kib", _GraphMemoryInKiB)
+SecondCaptureTypeError = mutant("second-capture-type-error", _SecondCaptureTypeError)
+RecapturesSilently = mutant("recaptures-silently", _RecapturesSilently)
+CapturesInService = mutant("captures-in-service", _CapturesInService)
 
-MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, SilentDowngrade,
-           ReportsGraphRunsEager, ReportsWrongMode, OutputsOverwritten, WindowFrozenAtCapture, AlwaysLiar]
+MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
+           IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
+           ReportsGraphRunsEager, ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay,
+           WindowFrozenAtCapture, AlwaysLiar, RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity,
+           PiecewiseIsOneGraph, GraphMemoryInKiB, SecondCaptureTypeError, RecapturesSilently, CapturesInService]

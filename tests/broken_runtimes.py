@@ -13,6 +13,12 @@ from harness import protocol as p
 from reference_runtime.adapter import ReferenceRuntime
 
 
+class OwnPolicy(ReferenceRuntime):
+    """The reference declaring a policy of its own (not vLLM's): only the generic suites apply."""
+
+    capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
+
+
 def _on_grid(size: int) -> bool:
     return size in (1, 2, 4) or (size <= 248 and size % 8 == 0) or (size >= 256 and size % 16 == 0)
 
@@ -126,7 +132,51 @@ class DataParallelMovesUp(ReferenceRuntime):
         return [self.dispatch(config, size, None, r.uniform) for r in ranks]
 
 
+class RejectsEveryConfig(OwnPolicy):
+    """Rejects every config with a ValueError: property tests that return on a rejection pass it."""
+
+    name = "rejects-every-config"
+
+    def capture_sizes(self, config):
+        raise ValueError("no config is good enough")
+
+
+class KeyIsTokensPlusThree(OwnPolicy):
+    """Keys its graphs by num_tokens + 3 instead of the padded size (its engine pads correctly)."""
+
+    name = "key-is-tokens-plus-three"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+        if result.runtime_mode == "NONE":
+            return result
+        return replace(result, descriptor=replace(result.descriptor, num_tokens=num_tokens + 3))
+
+
+class MixedBatchRunsDecodeGraph(OwnPolicy):
+    """Under FULL_DECODE_ONLY, dispatches mixed batches to the FULL decode graphs."""
+
+    name = "mixed-batch-runs-decode-graph"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+        if config.mode == "FULL_DECODE_ONLY" and not uniform and num_tokens <= max(self.capture_sizes(config)):
+            return p.Dispatch("FULL", p.Descriptor(self.padded_size(config, num_tokens), num_reqs, False))
+        return result
+
+
+class PaddingNotMonotone(OwnPolicy):
+    """Pads every even batch to the largest size: bigger than needed, and not monotone."""
+
+    name = "padding-not-monotone"
+
+    def padded_size(self, config, num_tokens):
+        padded = super().padded_size(config, num_tokens)
+        return max(self.capture_sizes(config)) if padded is not None and num_tokens % 2 == 0 else padded
+
+
 MUTANTS = [
     PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
+    RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
 ]

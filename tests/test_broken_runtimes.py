@@ -1,50 +1,30 @@
-"""The suites catch every deliberately broken runtime, and the reference passes them all.
-
-Each case runs a real pytest session over the suites against one runtime and reads the
-harness's own JSON report. The catch table (mutant -> suites that failed) is printed at the end.
+"""The policy suites catch every deliberately broken runtime (tests/broken_runtimes.py), and the
+reference passes them all. The catch table (mutant -> suites that caught it) is printed at the end.
 """
-import json
-from pathlib import Path
-
 import pytest
 
 from tests import broken_runtimes
-
-ROOT = Path(__file__).resolve().parent.parent
-SUITES = ROOT / "suites"
-
-# Which suite each mutant must fail, at least.
-MUST_CATCH = {
-    "PaddingOffByOne": {"test_padding.py"},
-    "PaddingRoundsDown": {"test_padding.py"},
-    "ClampsAboveMax": {"test_padding.py"},
-    "MissingOffGridAppend": {"test_capture_sizes.py"},
-    "NoSpeculativeRounding": {"test_capture_sizes.py"},
-    "SilentDowngrade": {"test_mode_resolution.py"},
-    "FullWithNeverBackend": {"test_mode_resolution.py"},
-    "PiecewiseBeforeFull": {"test_dispatch.py"},
-    "LoraCountNotRounded": {"test_dispatch.py"},
-    "DataParallelMovesUp": {"test_data_parallel.py"},
-}
-
+from tests.catching import assert_caught, caught_by, run_suites
 
 POLICY_SUITES = ["test_capture_sizes.py", "test_padding.py", "test_dispatch.py", "test_mode_resolution.py",
                  "test_data_parallel.py"]
-
-
-def run_suites(pytester, runtime_spec, suites=POLICY_SUITES):
-    report_dir = pytester.path / "report"
-    # A subprocess per run: each runtime gets a clean interpreter, as in real use.
-    pytester.runpytest_subprocess(
-        *[str(SUITES / name) for name in suites], "--runtime", runtime_spec, "--report-dir", str(report_dir),
-        "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(ROOT),
-    )
-    (report,) = report_dir.glob("conformance-*.json")
-    return json.loads(report.read_text())
-
-
-def failed_suites(report):
-    return {Path(t["nodeid"].split("::")[0]).name for t in report["tests"] if t["outcome"] in ("failed", "error")}
+# mutant -> (suite files to run, words the failure must contain)
+MUST_CATCH = {
+    "PaddingOffByOne": (["test_padding.py"], "padded size for every batch"),
+    "PaddingRoundsDown": (["test_padding.py"], "padded size"),
+    "ClampsAboveMax": (["test_padding.py"], "None = eager"),
+    "MissingOffGridAppend": (["test_capture_sizes.py"], "capture sizes"),
+    "NoSpeculativeRounding": (["test_capture_sizes.py"], "multiple of q"),
+    "SilentDowngrade": (["test_mode_resolution.py"], "must warn"),
+    "FullWithNeverBackend": (["test_mode_resolution.py"], "rejected"),
+    "PiecewiseBeforeFull": (["test_dispatch.py"], "dispatch of"),
+    "LoraCountNotRounded": (["test_dispatch.py"], "active adapters"),
+    "DataParallelMovesUp": (["test_data_parallel.py"], "what each rank runs"),
+    "RejectsEveryConfig": (["test_capture_sizes.py"], "must be answered, not rejected"),
+    "KeyIsTokensPlusThree": (["test_dispatch.py"], "padded_size()"),
+    "MixedBatchRunsDecodeGraph": (["test_dispatch.py"], "mixed batch under FULL_DECODE_ONLY"),
+    "PaddingNotMonotone": (["test_padding.py"], "padded size"),
+}
 
 
 def test_every_mutant_has_an_expectation():
@@ -52,16 +32,35 @@ def test_every_mutant_has_an_expectation():
 
 
 def test_reference_passes_every_policy_suite(pytester):
-    report = run_suites(pytester, "reference")
+    report = run_suites(pytester, "reference", POLICY_SUITES)
     assert report["complete"]
-    assert failed_suites(report) == set()
+    assert caught_by(report) == set()
     assert report["summary"].get("passed", 0) > 100
+
+
+def test_a_runtime_with_its_own_policy_is_held_only_to_the_generic_checks(pytester):
+    report = run_suites(pytester, "tests.broken_runtimes:OwnPolicy", POLICY_SUITES)
+    assert caught_by(report) == set()
+    skipped = [t for t in report["tests"] if t["outcome"] == "skipped"]
+    assert skipped and all("vllm_policy" in t["reason"] for t in skipped)
+
+
+def test_a_runtime_declaring_only_data_parallel_is_not_asked_to_dispatch(pytester):
+    pytester.makepyfile(dp_only="""
+        from harness.protocol import Capabilities
+        class DataParallelOnly:
+            name, version = "dp-only", "1"
+            capabilities = Capabilities(data_parallel=True)
+            def dp_dispatch(self, config, ranks):
+                raise AssertionError("not asked: the suite's checks need dispatch() too")
+    """)
+    pytester.syspathinsert()
+    report = run_suites(pytester, "dp_only:DataParallelOnly", ["test_data_parallel.py"])
+    assert {t["outcome"] for t in report["tests"]} == {"skipped"}
 
 
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_suites_catch_the_mutant(pytester, record_property, mutant):
-    report = run_suites(pytester, f"tests.broken_runtimes:{mutant}")
-    caught = failed_suites(report)
-    record_property("caught_by", sorted(caught))
-    missing = MUST_CATCH[mutant] - caught
-    assert not missing, f"{mutant} ({getattr(broken_runtimes, mutant).__doc__.strip()}) escaped {sorted(missing)}"
+    suites, words = MUST_CATCH[mutant]
+    assert_caught(pytester, record_property, f"tests.broken_runtimes:{mutant}", getattr(broken_runtimes, mutant).__doc__,
+                  suites, set(suites), mentions=(words,))

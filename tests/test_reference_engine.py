@@ -7,9 +7,9 @@ import warnings
 import pytest
 import torch
 
+from harness.presets import seeded_model
+from harness.serving import generate
 from reference_runtime.engine.buffers import Request
-from reference_runtime.engine.engine import LLMEngine
-from reference_runtime.engine.model import seeded_hf_model
 from reference_runtime.engine.runner import ModelRunner, RunnerConfig
 from harness.graphs import CaptureError, StaleAddressError
 from reference_runtime.policy import PolicyConfig
@@ -31,7 +31,7 @@ def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("stat
 
 
 def test_eager_forward_matches_transformers():
-    hf = seeded_hf_model("tiny", seed=0)
+    hf = seeded_model("tiny", seed=0)
     r = runner(mode="NONE")
     prompt = [5, 17, 3, 99, 200, 7, 11]
     tokens = list(prompt)
@@ -47,6 +47,22 @@ def test_eager_forward_matches_transformers():
         torch.testing.assert_close(out.logits, expected, rtol=0, atol=2e-5)
 
 
+class ModesSeen:
+    """The runner, remembering which runtime modes its steps ran."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        runner.modes_seen = set()
+
+    def step(self, requests):
+        out = self.runner.step(requests)
+        self.runner.modes_seen.add(out.runtime_mode)
+        return out
+
+    def release(self, request_id):
+        self.runner.release(request_id)
+
+
 @pytest.mark.parametrize("graph_backend", BACKENDS)
 @pytest.mark.parametrize("spec", [0, 1], ids=["q1", "q2"])
 @pytest.mark.parametrize("attention", [("static",), ("uniform",), ("decode",), ("static", "varlen")],
@@ -60,9 +76,8 @@ def test_generation_is_identical_in_every_mode(graph_backend, spec, attention):
             assert "varlen" in attention and mode == "FULL"
             continue
         r.capture()
-        engine = LLMEngine(r)
-        outputs[mode] = engine.generate(PROMPTS, BUDGETS)
-        assert {rec.runtime_mode for rec in engine.history} <= {"NONE", "PIECEWISE", "FULL"}
+        outputs[mode] = generate(ModesSeen(r), PROMPTS, BUDGETS, max_num_seqs=16, token_budget=64, q=1 + spec)
+        assert r.modes_seen <= {"NONE", "PIECEWISE", "FULL"} and (mode == "NONE" or r.modes_seen - {"NONE"})
     reference = outputs.pop("NONE")
     for mode, tokens in outputs.items():
         assert tokens == reference, f"{mode} generated different tokens"
@@ -147,7 +162,7 @@ def test_memory_budget_sets_aside_the_graph_estimate():
     assert summary.estimate_bytes == r.graph_memory_estimate
     print(f"graph memory estimate {summary.estimate_bytes} B, actual {summary.memory_bytes} B, "
           f"{r.num_blocks} KV blocks")
-    assert LLMEngine(r).generate(PROMPTS[:2], 3)
+    assert generate(r, PROMPTS[:2], [3, 3], max_num_seqs=16, token_budget=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -1,0 +1,56 @@
+"""Running suites against a broken runtime and reading which suites caught it.
+
+Each run is an in-process pytest session over the named suite files (or single tests) with the
+harness's own JSON report; in-process, because a fresh interpreter per broken runtime costs
+seconds of imports and the harness keeps its state in objects registered per session.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Imported here, before any in-process session: pytester restores sys.modules after each run, so
+# what a run imports first is imported again by the next (slow, and transformers' lazy modules
+# do not survive it).
+import torch  # noqa: F401
+import transformers  # noqa: F401
+from transformers import LlamaForCausalLM  # noqa: F401
+
+import harness.anchor  # noqa: F401
+import reference_runtime.adapter  # noqa: F401
+import reference_runtime.engine.runner  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ROOT / "suites"
+
+
+def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
+    """The JSON report of a session over `targets` (suite file names, or `file::test` ids)."""
+    report_dir = pytester.path / "report"
+    pytester.runpytest(
+        *[str(SUITES / target) for target in targets], "--runtime", runtime_spec, "--report-dir", str(report_dir),
+        "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly", "--rootdir", str(ROOT), *extra,
+    )
+    (report,) = report_dir.glob("conformance-*.json")
+    return json.loads(report.read_text())
+
+
+def caught_by(report: dict) -> set[str]:
+    """Suite files with a failed or erroring test."""
+    return {Path(t["nodeid"].split("::")[0]).name for t in report["tests"] if t["outcome"] in ("failed", "error")}
+
+
+def failure_text(report: dict) -> str:
+    return "\n".join(t.get("reason") or "" for t in report["tests"] if t["outcome"] in ("failed", "error"))
+
+
+def assert_caught(pytester, record_property, runtime_spec: str, doc: str, targets, must_catch: set[str],
+                  mentions: tuple[str, ...] = ()) -> None:
+    report = run_suites(pytester, runtime_spec, targets)
+    caught = caught_by(report)
+    record_property("caught_by", sorted(caught))
+    missing = must_catch - caught
+    assert not missing, f"{runtime_spec} ({doc.strip()}) escaped {sorted(missing)}"
+    text = failure_text(report)
+    absent = [word for word in mentions if word not in text]
+    assert not absent, f"{runtime_spec} was caught, but the failure does not say {absent}:\n{text[-3000:]}"
