@@ -122,7 +122,9 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run writes the report
         try:
             run_report = report.RunReport(config, conformance)
-        except (render.RunFileError, report.ReportDirError) as exc:
+        except render.RunFileError as exc:
+            raise pytest.UsageError(f"--baseline: {exc}") from None
+        except report.ReportDirError as exc:
             raise pytest.UsageError(str(exc)) from None
         config.pluginmanager.register(run_report, "cudagraph-conformance-report")
 
@@ -183,7 +185,6 @@ def pytest_collection_modifyitems(config, items):
                 raise
             # xdist turns a worker's usage error into an INTERNALERROR that drops the message:
             # there the test errors at setup with it instead.
-            item.add_marker(pytest.mark.usefixtures("_unknown_capability"))
             item.stash[_UNKNOWN] = str(exc)
             continue
         if missing:
@@ -195,9 +196,10 @@ def pytest_collection_modifyitems(config, items):
 _UNKNOWN = pytest.StashKey[str]()
 
 
-@pytest.fixture
-def _unknown_capability(request):
-    pytest.fail(request.node.stash[_UNKNOWN], pytrace=False)
+def pytest_runtest_setup(item):
+    message = item.stash.get(_UNKNOWN, None)
+    if message is not None:
+        pytest.fail(message, pytrace=False)
 
 
 def skip_reason(name: str, missing: list[str]) -> str:

@@ -111,6 +111,21 @@ class RunReport:
         if self.regressions and self.config.getoption("fail_on_regression", False) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.written:
+            terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in self.written)}")
+        if self.plots:
+            terminalreporter.write_line(f"plots: {', '.join(str(p) for p in self.plots)}")
+        if not self.baseline_runs:
+            return
+        beyond = f"beyond {100 * self.threshold:.0f}%"
+        if self.regressions:
+            terminalreporter.section(f"regressions against baseline ({beyond})", red=True)
+            for regression in self.regressions:
+                terminalreporter.write_line(render.describe_regression(regression))
+        else:
+            terminalreporter.write_line(f"baseline comparison: no regression {beyond}")
+
     # -- output -------------------------------------------------------------------------
     def as_dict(self) -> dict:
         runtime = self.runtime

@@ -324,12 +324,47 @@ def test_report_dir_gets_json_and_markdown(pytester, monkeypatch):
 
 
 @pytest.mark.parametrize("args, profile", [([], "dev"), (["--hypothesis-profile", "ci"], "ci")], ids=["default", "ci"])
-def test_hypothesis_profile_in_header(pytester, monkeypatch, args, profile):
+def test_hypothesis_profile_and_seed_in_header(pytester, monkeypatch, args, profile):
     monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest(*args)
     assert result.ret == 0
-    result.stdout.fnmatch_lines([f"hypothesis: profile {profile}, seed random"])
+    result.stdout.re_match_lines([rf"hypothesis: profile {profile}, seed \d+$"])
+
+
+SEEDED = """
+from hypothesis import given, strategies as st
+from harness.checks import Check
+
+SEEN = []
+
+@given(n=st.integers(0, 10**9))
+def test_draws(check, n):
+    SEEN.append(n)
+    if len(SEEN) == 5:
+        print("DRAWN", SEEN)
+    check.that(n >= 0, what="never fails")
+
+def test_fails(check):
+    check.that(False, what="always fails")
+"""
+
+
+def test_every_run_has_a_seed_that_reproduces_it_and_failures_name_it(pytester):
+    pytester.makepyfile(test_seeded=SEEDED)
+    first = pytester.runpytest_subprocess("-s", "--hypothesis-seed", "1234", "-p", "no:cacheprovider")
+    second = pytester.runpytest_subprocess("-s", "--hypothesis-seed", "1234", "-p", "no:cacheprovider")
+    drawn = drawn_examples(first)
+    assert drawn and drawn == drawn_examples(second)
+    first.stdout.fnmatch_lines(["*reproduce: pytest 'test_seeded.py::test_fails*' --runtime reference*"])
+    unseeded = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    seed = next(line for line in unseeded.outlines if line.startswith("hypothesis:")).rsplit(" ", 1)[1]
+    again = [pytester.runpytest_subprocess("-s", "--hypothesis-seed", seed, "-p", "no:cacheprovider") for _ in "ab"]
+    assert drawn_examples(again[0]) == drawn_examples(again[1]) != drawn
+
+
+def drawn_examples(result) -> list[str]:
+    return [line[line.index("DRAWN"):] for line in result.outlines if "DRAWN" in line]
 
 
 # -- xdist ------------------------------------------------------------------------------------

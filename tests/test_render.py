@@ -14,7 +14,7 @@ from collections import Counter
 import matplotlib  # noqa: F401  (see below)
 import pytest
 
-from harness import measurements, render
+from harness import measurements, records, render
 
 # matplotlib (and numpy) are imported here, at collection, on purpose: an in-process pytester run
 # elsewhere in the session that first imports numpy drops it from sys.modules afterwards, and
@@ -36,12 +36,12 @@ def case(nodeid, outcome="passed", **extra) -> dict:
     return {"nodeid": nodeid, "outcome": outcome, "duration": 0.1, **extra}
 
 
-def measured(name, value, nodeid="suites/test_x.py::test_measure[reference]") -> dict:
-    return case(nodeid, properties={name: value})
+def measured(kind, value, nodeid="suites/test_x.py::test_measure[reference]") -> dict:
+    return case(nodeid, records=[{"kind": kind, **v} for v in (value if isinstance(value, list) else [value])])
 
 
 def make_run(tests, runtime="reference", device=H200, complete=True) -> dict:
-    return {"runtime": runtime, "version": "0.1.0", "capabilities": {"capture_sizes": True, "execution": False},
+    return {"schema_version": records.SCHEMA_VERSION, "runtime": runtime, "version": "0.1.0", "capabilities": {"capture_sizes": True, "execution": False},
             "device": device, "torch": "2.11.0", "python": "3.12.3",
             "git_commit": "0123456789abcdef0123456789abcdef01234567", "args": ["suites/"], "started": 0.0,
             "seconds": 12.5, "complete": complete, "summary": dict(Counter(t["outcome"] for t in tests)),
@@ -186,9 +186,11 @@ def test_crossover_not_reached_when_graphs_always_pay(tmp_path):
 
 def test_capture_launches_serving_and_batch_invariance_sections(tmp_path):
     capture = {"mode": "FULL_AND_PIECEWISE", "preset": "small", "graphs": {"FULL": 35, "PIECEWISE": 459},
-               "seconds": 2.02, "memory_bytes": 1495269376}  # 1495269376 / 2**30 = 1.39 GiB
-    launches = {"batch": 4, "NONE": {"kernels": 163, "graphs": None, "copies": 4},
-                "FULL": {"kernels": 0, "graphs": None, "copies": 4}}
+               "seconds": 2.02, "memory_bytes": 1495269376, "graph_backend": "cuda",
+               "observed_captures": 494}  # 1495269376 / 2**30 = 1.39 GiB
+    launches = {"batch": 4, "graph_backend": "emulated",
+                "counts": {"NONE": {"kernels": 163, "graphs": 0, "copies": 4, "ops_in_graphs": 0},
+                           "FULL": {"kernels": 4, "graphs": 1, "copies": 4, "ops_in_graphs": 150}}}
     invariance = [{"batch": 5, "padded": 8, "mode": "FULL", "difference": 1e-6},
                   {"batch": 7, "padded": 8, "mode": "FULL", "difference": 3e-6}]
     run = make_run([measured("capture", capture, "suites/test_capture_accounting.py::t[a]"),
@@ -196,23 +198,47 @@ def test_capture_launches_serving_and_batch_invariance_sections(tmp_path):
                     measured("launches", launches), measured("batch_invariance", invariance), *serving_tests()])
     markdown = render_runs(tmp_path, run)
 
-    assert "| FULL_AND_PIECEWISE | small | 35 | 459 | 2.02 | 1.39 |" in markdown
+    assert "| FULL_AND_PIECEWISE | small | cuda | 35 | 459 | 494 | 2.02 | 1.39 GiB |" in markdown
     assert markdown.count("| FULL_AND_PIECEWISE | small |") == 1
-    assert "| 4 | NONE | 163 | n/a (no CUDA) | 4 |" in markdown
+    assert "| 4 | FULL | 4 | 1 | 150 | 4 | emulator: aten ops |" in markdown
     assert ("| mode | requests | duration (s) | steps | req/s | output tok/s | total tok/s | mean TTFT (ms) | "
             "mean TPOT (ms) | P99 TPOT (ms) | mean ITL (ms) |") in markdown
     assert "| piecewise | 100 | 10.87 | 900 | 9.20 | 1,898.67 | 3,797.34 | 78.69 | 17.08 | 78.21 | 12.83 |" in markdown
     assert "FULL_AND_PIECEWISE vs PIECEWISE: output tok/s +4.9%, mean TPOT -3.0%" in markdown
     assert "| 8 | FULL | 5, 7 | 3e-06 |" in markdown
-    assert "Not recorded in this run: grid, resolution, latency, batch1_speedup." in markdown.replace(
-        " (their suites did not run, or were skipped)", "")
+    assert ("Not recorded in this run: grid (test_padding.py did not run); resolution (test_mode_resolution.py "
+            "did not run); anchor (test_numerical_anchor.py did not run); latency (test_step_latency.py did not "
+            "run); batch1_speedup (test_step_latency.py did not run).") in markdown
 
 
-def test_batch_invariance_from_the_older_per_batch_properties(tmp_path):
-    # Reports written before the suite recorded one list carry one scalar per batch, named for it.
-    old = case("suites/test_batch_invariance.py::t[reference]", properties={
-        "batch_invariance b=5 pad=8 FULL": 2e-6, "batch_invariance b=6 pad=8 FULL": 0.0})
-    assert "| 8 | FULL | 5, 6 | 2e-06 |" in render_runs(tmp_path, make_run([old]))
+def test_a_measurement_whose_suite_ran_and_recorded_nothing_says_so(tmp_path):
+    run = make_run([case("suites/test_padding.py::test_spec_waste_examples[reference]", "skipped",
+                         reason="runtime 'reference' does not declare capability vllm_policy"),
+                    case("suites/test_serving.py::t[eager]", "passed")])
+    markdown = render_runs(tmp_path, run)
+    assert "grid (test_padding.py was skipped)" in markdown
+    assert "serving (test_serving.py ran (1 passed) but recorded nothing)" in markdown
+
+
+def test_reports_of_schema_version_1_are_converted(tmp_path):
+    # Version 1 stored raw properties: one scalar per batch in the oldest form, a record-like dict later.
+    old = make_run([case("suites/test_batch_invariance.py::t[reference]", properties={
+        "batch_invariance b=5 pad=8 FULL": 2e-6, "batch_invariance b=6 pad=8 FULL": 0.0}),
+        case("suites/test_padding.py::t[reference]", properties={"grid": {"config": "c", "sizes": [1, 2, 4]}})])
+    del old["schema_version"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    run = render.load_run(path)
+    assert run["converted_from"] == 1
+    assert measurements.recorded(run, "grid") == [{"config": "c", "sizes": [1, 2, 4]}]
+    assert "| 8 | FULL | 5, 6 | 2e-06 |" in render_runs(tmp_path, run)
+
+
+def test_a_report_from_a_newer_harness_is_refused(tmp_path):
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({**make_run([]), "schema_version": records.SCHEMA_VERSION + 1}))
+    with pytest.raises(render.RunFileError, match="schema_version 3; this harness reads up to 2"):
+        render.load_run(path)
 
 
 def test_plots_are_png_files_linked_from_the_markdown(tmp_path):
@@ -303,8 +329,10 @@ def test_python_dash_m_harness_render(tmp_path):
 
 
 GRID_TEST = f"""
-def test_grid(record_property):
-    record_property("grid", {{"config": "max_num_seqs=256", "sizes": {VLLM_GRID_256!r}}})
+from harness.records import Grid
+
+def test_grid(record):
+    record(Grid(config="max_num_seqs=256", sizes={VLLM_GRID_256!r}))
 """
 
 
@@ -325,8 +353,10 @@ def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
     write_json(pytester.path / "base.json", baseline)
     # The same FULL entry at batch 1, 50% slower; the test itself passes.
     pytester.makepyfile(f"""
-        def test_latency(record_property):
-            record_property("latency", {{"mode": "full", "batch": 1, "step_ms_median": 1.5}})
+        from harness.records import Latency
+
+        def test_latency(record):
+            record(Latency(mode="full", batch=1, padded=1, runtime_mode="FULL", step_ms_median=1.5, step_ms_min=1.5))
     """)
     result = pytester.runpytest_subprocess("--report-dir", "out", "--baseline", "base.json", "--fail-on-regression")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
