@@ -83,8 +83,9 @@ def resolve_mode(mode: str, support: str, num_speculative_tokens: int = 0) -> Re
         return Resolution(mode, mode)
     reasons = []
     if "PIECEWISE" in ROUTINES[mode]:
-        reasons.append("the bucket engine has no PIECEWISE graphs" + (
-            "; its ALWAYS attention runs those batches in FULL graphs" if mixed == "FULL" else ": those batches run eager"))
+        instead = "; its ALWAYS attention runs those batches in FULL graphs" if mixed == "FULL" else \
+            ": those batches run eager"
+        reasons.append("the bucket engine has no PIECEWISE graphs" + instead)
     if ROUTINES[mode][1] == "FULL" and mixed != "FULL" or ROUTINES[mode][0] == "FULL" and decode != "FULL":
         reasons.append(f"{support} attention (q={1 + num_speculative_tokens}) cannot run "
                        f"{'mixed batches' if decode == 'FULL' else 'any batch'} in a FULL graph")
