@@ -44,9 +44,11 @@ def one_thread():
 
 
 def run_suites(pytester, runtime: str, suites: list[str]) -> dict:
+    """One session over the suite files; --tb=native, since pytest's own tracebacks parse every
+    torch source file an error passed through (a second a failure)."""
     report_dir = pytester.path / "report"
     pytester.runpytest(*[str(SUITES / name) for name in suites], "--runtime", f"tests.broken_example_engines:{runtime}",
-                       "--report-dir", str(report_dir), "--rootdir", str(ROOT), "-q", "-p", "no:xdist",
+                       "--report-dir", str(report_dir), "--rootdir", str(ROOT), "-q", "--tb=native", "-p", "no:xdist",
                        "-p", "no:cacheprovider")
     (report,) = report_dir.glob("conformance-*.json")
     return json.loads(report.read_text())

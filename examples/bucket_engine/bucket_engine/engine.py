@@ -79,8 +79,11 @@ class BucketEngine:
     # -- the forward, over the static buffers -----------------------------------------------------
     def forward(self, n: int) -> torch.Tensor:
         ids, positions, slots, rows = (self.inputs[name][:n] for name in INPUTS)
-        return self.model.forward(ids, positions, lambda layer, q, k, v: self.attend(layer, q, k, v, slots, rows,
-                                                                                     positions))
+
+        def attention(layer, q, k, v):
+            return self.attend(layer, q, k, v, slots, rows, positions)
+
+        return self.model.forward(ids, positions, attention)
 
     def attend(self, layer, q, k, v, slots, rows, positions) -> torch.Tensor:
         """Write the step's keys and values, then let each token attend to its row up to its position."""
@@ -139,7 +142,7 @@ class BucketEngine:
         self.load(requests, size if graph else n, padding_fill)
         with self.poisoned_sink(padding_fill):
             if graph is None:
-                return StepResult(self.forward(n).clone(), "NONE", n, n)
+                return StepResult(self.forward(n), "NONE", n, n)  # a fresh tensor, no graph buffer
             self.check_addresses()
             graph[0].replay()
             return StepResult(graph[1][:n].clone(), "FULL", n, size)
@@ -157,12 +160,17 @@ class BucketEngine:
 
     def load(self, requests, size: int, padding_fill: str | None = None) -> None:
         """Copy a step's rows into the static buffers, padded to size."""
+        if size > len(self.inputs["token_ids"]):
+            raise ValueError(f"a step of {size} tokens does not fit the static buffers of "
+                             f"{len(self.inputs['token_ids'])} (max_num_batched_tokens)")
         columns = [[] for _ in INPUTS]  # token id, position, slot, KV row of every token
         for r in requests:
-            row = self.row_of(r)
             if r.context_len + len(r.token_ids) > self.length:
                 raise ValueError(f"request {r.request_id} would hold {r.context_len + len(r.token_ids)} tokens; "
                                  f"max_model_len is {self.length}")
+            if not all(0 <= token < self.model.vocab for token in r.token_ids):
+                raise ValueError(f"request {r.request_id} has a token id outside 0..{self.model.vocab - 1}")
+            row = self.row_of(r)
             for j, token in enumerate(r.token_ids):
                 position = r.context_len + j
                 for column, value in zip(columns, (token, position, row * self.length + position, row)):

@@ -19,7 +19,8 @@ from torch.nn.functional import linear, silu
 def rope_theta(config: dict) -> float:
     """transformers 4.x writes rope_theta; 5.x moved it into rope_parameters."""
     parameters = config.get("rope_parameters") or {}
-    if (config.get("rope_scaling") or parameters).get("rope_type", "default") != "default":
+    scaling = config.get("rope_scaling") or parameters
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
         raise ValueError("the bucket engine implements default RoPE only, not scaled variants")
     return float(config.get("rope_theta") or parameters.get("rope_theta", 10000.0))
 
@@ -41,6 +42,8 @@ class Llama:
         if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
             raise ValueError(f"checkpoint {folder} needs config.json and model.safetensors (one shard)")
         config = json.loads((folder / "config.json").read_text())
+        if config.get("attention_bias") or config.get("mlp_bias"):
+            raise ValueError(f"checkpoint {folder} has projection biases; the bucket engine's Llama has none")
         self.hidden, self.vocab = config["hidden_size"], config["vocab_size"]
         self.heads, self.kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         self.head_dim = config.get("head_dim") or self.hidden // self.heads
