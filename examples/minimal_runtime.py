@@ -74,7 +74,7 @@ class MinimalEngine:
         g = torch.Generator().manual_seed(config.seed)
 
         def weight(*size):
-            return (torch.randn(*size, generator=g) / size[-1] ** 0.5).to(self.device)
+            return (torch.randn(*size, generator=g) / size[-1] ** 0.5).to(self.device, getattr(torch, config.dtype))
 
         self.embed, self.pos = weight(shape.vocab, shape.hidden), weight(self.length, shape.hidden)
         self.blocks = [(weight(shape.hidden, shape.hidden), weight(shape.hidden, shape.hidden))
