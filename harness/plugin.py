@@ -255,6 +255,10 @@ def graph_backend(pytestconfig):
     if c.graph_backend is None:
         pytest.skip(c.no_backend)
     robustness.pin_worker_to_a_gpu(pytestconfig)
+    if c.graph_backend == "cuda":
+        from .graphs.log import watch_cuda_graphs
+
+        watch_cuda_graphs()  # count every engine's CUDA graphs, not only those made through harness.graphs
     return c.graph_backend
 
 

@@ -9,9 +9,9 @@ if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
 fi
 "$PYTHON" -m pip install --quiet --no-build-isolation -e . 2>/dev/null \
     || "$PYTHON" -m pip install --quiet -e .
-# The runtime plugins, as third parties would ship them (vLLM itself is not installed here:
-# scripts/setup_vllm_policy.sh does that, outside the default lane).
-for plugin in plugins/*/; do
+# The runtime plugins and the example engine, as third parties would ship them (vLLM itself is
+# not installed here: scripts/setup_vllm_policy.sh does that, outside the default lane).
+for plugin in plugins/*/ examples/bucket_engine/; do
     "$PYTHON" -m pip install --quiet --no-build-isolation --no-deps -e "$plugin" 2>/dev/null \
         || "$PYTHON" -m pip install --quiet --no-deps -e "$plugin"
 done

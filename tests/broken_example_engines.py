@@ -1,0 +1,171 @@
+"""The bucket engine (examples/bucket_engine) with one bug each, of a kind engine authors write;
+tests/test_broken_example_engines.py checks that the suites catch every one.
+
+Each is a subclass of the engine (or the runtime) that changes one method, so the rest of the
+engine is the one that passes every suite. `BucketEngine` here is the unbroken runtime.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+try:
+    import bucket_engine  # noqa: F401 (installed by scripts/install.sh)
+except ImportError:  # a bare checkout: the example package is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "bucket_engine"))
+
+from bucket_engine.engine import BucketEngine as Engine  # noqa: E402
+from bucket_engine.runtime import BucketRuntime  # noqa: E402
+
+
+def broken(name: str, engine_class: type) -> type:
+    return type(engine_class.__name__.lstrip("_"), (BucketRuntime,),
+                {"name": name, "engine_class": engine_class, "__doc__": engine_class.__doc__})
+
+
+class _BucketOffByThree(Engine):
+    """Looks its graph up for num_tokens + 3: it runs, and says it ran, a bucket its own dispatch()
+    did not choose (and eager where that bucket does not exist)."""
+
+    def bucket(self, num_tokens, num_reqs, uniform):
+        return super().bucket(num_tokens + 3, num_reqs, uniform)
+
+
+class _ReportsDispatchedSize(Engine):
+    """Replays its largest graph for every batch ("one graph fits all"), but reports the bucket
+    its dispatch chose: a step reporting a size it did not run."""
+
+    def bucket(self, num_tokens, num_reqs, uniform):
+        chosen = super().bucket(num_tokens, num_reqs, uniform)
+        return self.sizes[-1] if chosen is not None else None
+
+    def step(self, requests, padding_fill=None):
+        result = super().step(requests, padding_fill)
+        if result.runtime_mode == "FULL":
+            uniform = all(len(r.token_ids) == self.q for r in requests)
+            result.padded_num_tokens = super().bucket(result.num_tokens, len(requests), uniform)
+        return result
+
+
+class _PaddingSlotZero(Engine):
+    """Padded tokens write slot 0, the way engines with a reserved null block do; here slot 0 is
+    the first slot of a live request's row."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.padding_slot = 0
+
+
+class _StalePaddedRows(Engine):
+    """Copies only the real rows into the static buffers: padded rows keep the token ids,
+    positions, slots and KV rows some earlier step left there."""
+
+    def load(self, requests, size, padding_fill=None):
+        super().load(requests, sum(len(r.token_ids) for r in requests), padding_fill)
+        self.last_size = size
+
+
+class _GraphKeepsRowTable(Engine):
+    """Graph steps skip copying the KV-row table, as if a graph had captured its contents (it
+    captured the buffer's address, not its values): they read the rows of the previous step."""
+
+    _in_step = False
+
+    def load(self, requests, size, padding_fill=None):
+        kept = self.inputs["kv_rows"].clone()
+        super().load(requests, size, padding_fill)
+        if requests and size in self.graphs and self._in_step:
+            self.inputs["kv_rows"].copy_(kept)
+
+    def step(self, requests, padding_fill=None):
+        self._in_step = True
+        try:
+            return super().step(requests, padding_fill)
+        finally:
+            self._in_step = False
+
+
+class _HostSyncInForward(Engine):
+    """Checks positions against max_model_len inside the forward: int(tensor) reads the device
+    from the host, which a graph cannot capture (the emulator raises CaptureError, as CUDA does)."""
+
+    def forward(self, n):
+        if int(self.inputs["positions"][:n].max()) >= self.length:
+            raise ValueError("a position is beyond max_model_len")
+        return super().forward(n)
+
+
+class _OutputIsAGraphBuffer(Engine):
+    """Returns a view of the graph's logits buffer (no copy) while declaring that outputs are the
+    caller's (outputs_alias_graph_buffers=False): the next replay overwrites them."""
+
+    def step(self, requests, padding_fill=None):
+        result = super().step(requests, padding_fill)
+        if result.runtime_mode == "FULL":
+            result.logits = self.graphs[result.padded_num_tokens][1][: result.num_tokens]
+        return result
+
+
+class _NoAddressCheck(Engine):
+    """Declares address_checks but replays without checking: a static buffer replaced after
+    capture is silently ignored, and the graph computes on the old memory."""
+
+    def check_addresses(self):
+        pass
+
+
+class _CaptureWritesLiveSlots(Engine):
+    """Its warm-up and capture batch writes slots 0..size-1 ("a dummy run that looks real")
+    instead of the padding slot: capture overwrites the KV of requests already running."""
+
+    def load(self, requests, size, padding_fill=None):
+        super().load(requests, size, padding_fill)
+        if not requests:
+            self.inputs["slot_mapping"][:size].copy_(torch.arange(size))
+
+
+class _InterleavedRope(Engine):
+    """Rotates interleaved pairs (x[2i], x[2i+1]), as Meta's original Llama code does, over
+    Hugging Face weights, which are permuted for rotate_half: every path agrees, all are wrong."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        model = self.model
+
+        def rope(x, positions):
+            half = model.head_dim // 2
+            cos, sin = model.cos[positions, None, :half], model.sin[positions, None, :half]
+            even, odd = x[..., 0::2], x[..., 1::2]
+            return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+        model.rope = rope
+
+
+
+class SilentDowngrade(BucketRuntime):
+    """Resolves modes by its rule but drops the warning from resolve_mode()'s answer."""
+
+    name = "silent-downgrade"
+
+    def resolve_mode(self, request):
+        return replace(super().resolve_mode(request), warnings=())
+
+
+BucketEngine = BucketRuntime
+BucketOffByThree = broken("bucket-off-by-three", _BucketOffByThree)
+ReportsDispatchedSize = broken("reports-dispatched-size", _ReportsDispatchedSize)
+PaddingSlotZero = broken("padding-slot-zero", _PaddingSlotZero)
+StalePaddedRows = broken("stale-padded-rows", _StalePaddedRows)
+GraphKeepsRowTable = broken("graph-keeps-row-table", _GraphKeepsRowTable)
+HostSyncInForward = broken("host-sync-in-forward", _HostSyncInForward)
+OutputIsAGraphBuffer = broken("output-is-a-graph-buffer", _OutputIsAGraphBuffer)
+NoAddressCheck = broken("no-address-check", _NoAddressCheck)
+CaptureWritesLiveSlots = broken("capture-writes-live-slots", _CaptureWritesLiveSlots)
+InterleavedRope = broken("interleaved-rope", _InterleavedRope)
+
+MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
+           HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
+           SilentDowngrade]

@@ -1,0 +1,85 @@
+"""The bucket engine (examples/bucket_engine) passes every suite it declares; each of its broken
+variants (tests/broken_example_engines.py) is caught by the suite named for it, by the check
+that should catch it.
+
+Each case is a pytest session over the suite files it needs, in this process, read back from
+the harness's own JSON report. The catch table is printed at the end of the run.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+# Imported here, before any inner session: pytester forgets the modules a session imported.
+import transformers.models.llama.modeling_llama  # noqa: F401
+
+from tests import broken_example_engines
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ROOT / "suites"
+
+# broken variant -> (the suite file that must catch it, words from the failure of the check that does)
+MUST_CATCH = {
+    "BucketOffByThree": ("test_replay_equivalence.py", "own dispatch()"),
+    "ReportsDispatchedSize": ("test_padding_isolation.py", "padded rows"),
+    "PaddingSlotZero": ("test_padding_isolation.py", "wrote KV-cache slots"),
+    "StalePaddedRows": ("test_padding_isolation.py", "padding slot"),
+    "GraphKeepsRowTable": ("test_replay_equivalence.py", "graph step vs eager"),
+    "HostSyncInForward": ("test_capture_accounting.py", "CaptureError"),
+    "OutputIsAGraphBuffer": ("test_static_addresses.py", "outputs_alias_graph_buffers=False"),
+    "NoAddressCheck": ("test_static_addresses.py", "the graph read the memory it was captured with"),
+    "CaptureWritesLiveSlots": ("test_capture_side_effects.py", "capture wrote KV-cache slots"),
+    "InterleavedRope": ("test_numerical_anchor.py", "transformers' forward"),
+    "SilentDowngrade": ("test_mode_resolution.py", "silent downgrade"),
+}
+
+
+@pytest.fixture
+def one_thread():
+    """The tiny model gains nothing from intra-op threads, and they oversubscribe a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_suites(pytester, runtime: str, suites: list[str]) -> dict:
+    """One session over the suite files; --tb=native, since pytest's own tracebacks parse every
+    torch source file an error passed through (a second a failure)."""
+    report_dir = pytester.path / "report"
+    pytester.runpytest(*[str(SUITES / name) for name in suites], "--runtime", f"tests.broken_example_engines:{runtime}",
+                       "--report-dir", str(report_dir), "--rootdir", str(ROOT), "-q", "--tb=native", "-p", "no:xdist",
+                       "-p", "no:cacheprovider")
+    (report,) = report_dir.glob("conformance-*.json")
+    return json.loads(report.read_text())
+
+
+def failures(report) -> list[dict]:
+    return [t for t in report["tests"] if t["outcome"] in ("failed", "error")]
+
+
+def test_every_variant_has_an_expectation():
+    assert {m.__name__ for m in broken_example_engines.MUTANTS} == set(MUST_CATCH)
+
+
+def test_the_bucket_engine_passes_every_suite(pytester, one_thread):
+    report = run_suites(pytester, "BucketEngine", sorted(p.name for p in SUITES.glob("test_*.py")))
+    assert report["complete"]
+    assert [t["nodeid"] for t in failures(report)] == []
+    passed = {Path(t["nodeid"].split("::")[0]).name for t in report["tests"] if t["outcome"] == "passed"}
+    # Every suite that can run on the CPU without vLLM's policy or data parallelism runs something.
+    assert passed >= {"test_backend_support.py", "test_capture_accounting.py", "test_capture_side_effects.py",
+                      "test_capture_sizes.py", "test_dispatch.py", "test_fallback.py", "test_launch_overhead.py",
+                      "test_mode_resolution.py", "test_numerical_anchor.py", "test_padding.py",
+                      "test_padding_isolation.py", "test_replay_equivalence.py", "test_static_addresses.py"}
+
+
+@pytest.mark.parametrize("variant", sorted(MUST_CATCH))
+def test_the_suites_catch_the_broken_variant(pytester, record_property, one_thread, variant):
+    suite, words = MUST_CATCH[variant]
+    failed = failures(run_suites(pytester, variant, [suite]))
+    record_property("caught_by", sorted({Path(t["nodeid"].split("::")[0]).name for t in failed}))
+    doc = getattr(broken_example_engines, variant).__doc__.strip()
+    assert failed, f"{variant} ({doc}) escaped {suite}"
+    assert any(words in t.get("reason", "") for t in failed), \
+        f"{variant} failed {suite}, but no failure says {words!r}: {failed[0].get('reason', '')[:2000]}"
