@@ -183,8 +183,8 @@ class ObservedEngine:
         num_reqs = len(requests) or None
         caps = runtime.capabilities
         if self.captured is None:
-            check.equal(reported, ("NONE", n), source=OWN_POLICY, case=batch,
-                        what="before capture() nothing can replay: a step runs eager and unpadded")
+            check.equal(result.runtime_mode, "NONE", source=OBSERVED, case=case,
+                        what="before capture() there is no graph to replay: a step runs eager")
         elif caps.dispatch:
             expected = runtime.dispatch(self.policy, n, num_reqs, uniform)
             check.equal(reported, (expected.runtime_mode, expected.descriptor.num_tokens), source=OWN_POLICY,

@@ -29,9 +29,10 @@ class CompiledRunner(ModelRunner):
         self.capture_summary = CaptureSummary({}, 0.0, None, {}, [], "cuda-graph-trees")
         return self.capture_summary
 
-    def _execute(self, layout, mode, key, n):
+    def _execute(self, layout, mode, key):
         if not self.graphs_enabled:
-            return super()._execute(layout, mode, key, n)
+            return super()._execute(layout, mode, key)
+        n = layout.num_real_tokens
         meta = self.buffers.metadata(layout)
         size = layout.num_tokens
         before = _skips()

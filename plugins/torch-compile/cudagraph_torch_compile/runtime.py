@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.protocol import Capabilities, Resolution
-from reference_runtime.adapter import ReferenceEngine, to_policy_config
+from reference_runtime.adapter import ReferenceEngine, runner_config
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 
@@ -36,7 +36,7 @@ class ReferenceCompile:
         runs = _cuda()
         self.known_failures = KNOWN_FAILURES
         self.capabilities = Capabilities(
-            execution=runs, graph_backends=("cuda",) if runs else (), outputs_alias_graph_buffers=False,
+            execution=runs, graph_backends=("cuda",) if runs else (), loads_checkpoint=True,
             notes="torch.compile reduce-overhead: graphs recorded lazily per exact shape, no padding, "
                   "no capture phase" + ("" if runs else "; no CUDA device here, so the execution suites skip"),
         )
@@ -44,14 +44,11 @@ class ReferenceCompile:
 
     def build(self, config):
         from .runner import CompiledRunner
-        from reference_runtime.engine.runner import RunnerConfig
 
-        runner = CompiledRunner(RunnerConfig(
-            preset=config.preset, dtype=config.dtype, device=config.device, graph_backend="cuda", mode="NONE",
-            attention_backends=tuple(config.attention_backends) or ("static",), seed=config.seed,
-            policy=replace(to_policy_config(config.policy), mode="NONE"), max_model_len=config.max_model_len))
+        base = runner_config(config)
+        runner = CompiledRunner(replace(base, graph_backend="cuda", mode="NONE", policy=replace(base.policy, mode="NONE")))
         engine = ReferenceEngine(runner)
-        requested = config.mode
+        requested = config.policy.mode
         resolved = "NONE" if requested == "NONE" else "FULL"
         engine.resolution = Resolution(requested, resolved, () if resolved == requested else (
             f"cudagraph_mode {requested} -> {resolved}: torch.compile graphs whole steps, lazily, per shape",))

@@ -18,28 +18,23 @@ import inspect
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+from transformers import LlamaForCausalLM, StaticCache
 
-PRESETS = {  # the reference runtime's presets, so the two run the same shapes
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=256),
-    "small": dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=1408, vocab_size=32000),
-    "medium": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
-                   intermediate_size=2816, vocab_size=32000),
-}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(preset: str, seed: int, dtype: torch.dtype, device: str):
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
-    config = LlamaConfig(max_position_embeddings=4096, tie_word_embeddings=False, **PRESETS[preset])
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    return model.to(device=device, dtype=dtype).eval(), config
+def build_model(engine_config, dtype: torch.dtype, device: str):
+    """The harness's checkpoint of the preset (the weights the numerical anchor uses); without one,
+    the preset's seeded weights from the harness."""
+    if engine_config.checkpoint:
+        model = LlamaForCausalLM.from_pretrained(engine_config.checkpoint, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    else:
+        from harness.presets import seeded_model
+
+        model = seeded_model(engine_config.preset, engine_config.seed)
+        model.config._attn_implementation = "sdpa"
+    return model.to(device=device, dtype=dtype).eval(), model.config
 
 
 def make_static_cache(config, rows: int, columns: int, device, dtype):
@@ -61,8 +56,7 @@ class StaticCacheEngine:
         self.rows = engine_config.policy.max_num_seqs
         self.columns = max(4 * engine_config.max_model_len,
                            (engine_config.kv_tokens or 0) // self.rows, 512)
-        self.model, self.hf_config = build_model(engine_config.preset, engine_config.seed, self.dtype,
-                                                 engine_config.device)
+        self.model, self.hf_config = build_model(engine_config, self.dtype, engine_config.device)
         self.cache = make_static_cache(self.hf_config, self.rows, self.columns, self.device, self.dtype)
         self.position_of_column = torch.full((self.rows, self.columns), -1, dtype=torch.long, device=self.device)
         self.row_of: dict[int, int] = {}
@@ -272,9 +266,6 @@ class StaticCacheEngine:
         if name not in self.buffers:
             raise ValueError(f"no static buffer {name!r}; the buffers are {', '.join(self.buffers)}")
         self.buffers[name] = self.buffers[name].clone()
-
-    def launch_counts(self):
-        return {"input_copies": 3}
 
     def release(self, request_id):
         row = self.row_of.pop(request_id, None)

@@ -36,6 +36,7 @@ class _TransformersRuntime:
         runs = not needs_cuda or _cuda()
         self.capabilities = Capabilities(
             capture_sizes=True,
+            loads_checkpoint=True,
             execution=runs,
             graph_backends=(("cuda",) if needs_cuda else ("emulated", "cuda")) if runs else (),
             address_checks=self.graph == "manual",
@@ -67,7 +68,7 @@ class _TransformersRuntime:
     def build(self, config):
         from .engine import StaticCacheEngine
 
-        resolution = self.resolve(config.mode)
+        resolution = self.resolve(config.policy.mode)
         for message in resolution.warnings:
             warnings.warn(message, stacklevel=2)
         return StaticCacheEngine(config, self.graph, resolution)
