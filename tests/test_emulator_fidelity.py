@@ -134,13 +134,16 @@ def test_render_marks_rows_only_one_side_ran():
     pytest.param(["--backend", "emulated", "--markdown", "x.md"], id="markdown-with-backend"),
     pytest.param(["--compare", "missing.json", "missing-too.json"], id="missing-file"),
     pytest.param(["--compare", "WRONG_BACKEND", "WRONG_BACKEND"], id="wrong-backend-file"),
+    pytest.param(["--compare", "NOT_A_RUN", "NOT_A_RUN"], id="not-a-run"),
+    pytest.param(["--backend", "emulated", "--json", "/no-such-dir/x.json"], id="unwritable"),
     pytest.param(["--backend", "cuda"], id="cuda-without-gpu",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, tmp_path, capsys):
-    emulated_json = tmp_path / "emulated.json"
-    emulated_json.write_text(json.dumps({"backend": "emulated", "rows": {}}))
-    argv = [str(emulated_json) if a == "WRONG_BACKEND" else a for a in argv]
+    files = {"WRONG_BACKEND": {"backend": "emulated", "rows": {}}, "NOT_A_RUN": [1, 2]}
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    argv = [str(tmp_path / a) if a in files else a for a in argv]
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "error:" in err, err

@@ -43,7 +43,7 @@ class Row:
 
 
 ROWS: list[Row] = []
-_held: list = []  # tensors a program replaced, kept alive so the allocator cannot reuse their memory
+_held: list = []  # tensors a program is done with, alive until its verdict: freed, their memory could go to a successor
 # Every graph, for the life of the process: a failed CUDA capture leaves the caching allocator
 # holding a pointer to its graph object (torch ends the pool recording only on success).
 _graphs: list = []
@@ -359,14 +359,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _load(path: str, backend: str) -> dict:
+def _load(parser, path: str, backend: str) -> dict:
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"fidelity: error: cannot read {path}: {error}")
-    if not isinstance(data, dict) or data.get("backend") != backend or not isinstance(data.get("rows"), dict):
-        raise SystemExit(f"fidelity: error: {path} is not the JSON of a --backend {backend} run")
+        parser.error(f"cannot read {path}: {error}")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, dict) or data.get("backend") != backend or not all(
+            isinstance(v, dict) and "verdict" in v for v in rows.values()):
+        parser.error(f"{path} is not the JSON of a --backend {backend} run")
     return data
 
 
@@ -380,24 +382,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.backend and args.markdown or args.compare and args.json:
         parser.error("--json goes with --backend, --markdown with --compare")
-    try:
-        if args.backend:
-            if args.backend == "cuda" and not torch.cuda.is_available():
-                parser.error("--backend cuda needs a CUDA device, and none is available here")
-            text = json.dumps(run(args.backend), indent=2) + "\n"
-        else:
-            text = render(_load(args.compare[0], "emulated"), _load(args.compare[1], "cuda"))
-    except SystemExit as stop:
-        if isinstance(stop.code, str):  # a one-line error from _load
-            print(stop.code, file=sys.stderr)
-            return 2
-        raise
+    if args.backend == "cuda" and not torch.cuda.is_available():
+        parser.error("--backend cuda needs a CUDA device, and none is available here")
+    if args.backend:
+        text = json.dumps(run(args.backend), indent=2) + "\n"
+    else:
+        text = render(_load(parser, args.compare[0], "emulated"), _load(parser, args.compare[1], "cuda"))
     target = args.json or args.markdown
-    if target:
+    if not target:
+        sys.stdout.write(text)
+        return 0
+    try:
         with open(target, "w") as f:
             f.write(text)
-    else:
-        sys.stdout.write(text)
+    except OSError as error:
+        parser.error(f"cannot write {target}: {error}")
     return 0
 
 
