@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.graphs import base, emulated, emulator
+from harness.graphs import base, emulated, emulator, make_backend
 from harness.graphs.fidelity import ERROR, ROWS, main, render, run, verdict
 
 GPU_RESULTS = Path(__file__).resolve().parents[1] / "reports" / "h200" / "emulator_fidelity.json"
@@ -37,8 +37,6 @@ def test_emulator_gives_the_cuda_verdict(row):
 
 @pytest.mark.parametrize("row", CHECKED, ids=ids(CHECKED))
 def test_make_backend_turns_the_silent_bug_into_stale_address_error(row):
-    from harness.graphs import make_backend
-
     got = verdict(row.checked, make_backend("emulated", "cpu"), "cpu")
     assert got["verdict"] == ERROR and got["detail"].startswith("StaleAddressError"), got
 

@@ -71,7 +71,7 @@ def _capture(cg, step, pool=None):
 
 
 def _step(cg, device, fn, between=lambda: None):
-    """Capture fn(x), change what `between` changes, copy new data into x, replay; (graph, eager)."""
+    """Capture fn(x), change what `between` changes, copy new data into x, replay; (graph output, eager)."""
     x = _data(0, device)
     graph, out = _capture(cg, lambda: fn(x))
     between()
