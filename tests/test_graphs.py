@@ -149,6 +149,26 @@ def test_emulator_rejects_what_it_cannot_replay(emulated, forbidden, message):
             emulated.capture(lambda: forbidden(x), static_inputs={"x": x}, name="bad")
 
 
+def test_capture_leaves_existing_tensors_as_it_found_them(backend):
+    """A CUDA capture records without running: state the step writes changes only on replay,
+    and a failed capture changes nothing either."""
+    device = device_of(backend)
+    cache, x = torch.zeros(4, device=device), torch.ones(4, device=device)
+
+    def step():
+        cache.add_(x)
+        return x * 2
+
+    with torch.inference_mode():
+        graph = backend.capture(step, static_inputs={"x": x})
+        assert cache.tolist() == [0.0] * 4
+        graph.replay({"x": x})
+        assert cache.tolist() == [1.0] * 4 and graph.output.tolist() == [2.0] * 4
+        with pytest.raises(CaptureError):
+            backend.capture(lambda: (cache.add_(x), x.sum().item()), static_inputs={"x": x}, name="bad")
+    assert cache.tolist() == [1.0] * 4
+
+
 def test_replaced_buffer_fails_on_first_replay(backend):
     step = TinyStep(device_of(backend))
     with torch.inference_mode():

@@ -11,8 +11,8 @@ Two ways in:
   first replay (`StaleAddressError`): the reference runtime's graphs.
 
 Whatever graphs run, the harness counts captures and replays itself (`log.LOG`), and
-`counting.count()` measures what one call submits. docs/authoring.md says where the emulator
-differs from a GPU (timing, memory pools, asynchronous errors).
+`counting.count()` measures what one call submits. docs/emulator.md is the emulator's manual and
+says where it differs from a GPU; `fidelity` is its table of graph bugs, run on both.
 """
 from __future__ import annotations
 

@@ -14,6 +14,12 @@ recorded at capture, so static buffers, intermediates and outputs keep their add
 a real graph, Python control flow and Python scalars are frozen at capture, a replaced input
 buffer is never read, and metadata not copied into its buffer is stale.
 
+A CUDA capture records kernels without running them, so when the capture ends the emulator
+undoes what running them did: tensors that existed before the capture get back the data they
+had (a KV cache written by the captured step is as it was), and tensors the capture allocated
+(its outputs included) are filled with NaN (zero for integers), standing for the uninitialised
+memory a real capture leaves there until the first replay.
+
 num_ops counts the ops a replay executes: aten ops after CompositeImplicitAutograd
 decomposition (so inference_mode and no_grad count alike), excluding views and aliases,
 metadata-only ops (detach_) and uninitialised allocations (empty*), none of which launches a
@@ -42,7 +48,8 @@ _INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default
 _METADATA_MUTATIONS = {aten.resize_.default, aten.resize_as_.default, aten.set_.source_Tensor,
                        aten.set_.source_Storage, aten.set_.source_Storage_storage_offset, aten.set_.default}
 # Reach the CPU without dispatching an aten op on CPU tensors, so only a function mode sees them.
-_HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
+# `.cpu()` of a CPU tensor dispatches nothing either; in code written for a GPU it is a device-to-host copy.
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.cpu}
 
 
 def _same_device(a: torch.device, b: torch.device | None) -> bool:
@@ -55,6 +62,10 @@ def _forbidden_reason(func, args, kwargs) -> str | None:
     if func in _INDEX_OPS:
         masks = [i for i in args[1] if i is not None and i.dtype in (torch.bool, torch.uint8)]
         return "indexes with a boolean mask (data-dependent shape)" + _FORBIDDEN if masks else None
+    if func is aten.lift_fresh.default:
+        # torch.tensor(python_data, device=...) on a GPU is a host-to-device copy that syncs.
+        return ("builds a tensor from Python data (torch.tensor): on a GPU that is a host-to-device copy"
+                + _FORBIDDEN + "; build it before capture and copy it into a static buffer")
     if torch.Tag.data_dependent_output in func.tags:
         return "reads a tensor's value on the CPU" + _FORBIDDEN
     if torch.Tag.dynamic_output_shape in func.tags:
@@ -69,13 +80,29 @@ def _forbidden_reason(func, args, kwargs) -> str | None:
     return None
 
 
+def _written(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors an op writes into (in-place and out= arguments)."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            written += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return written
+
+
 class _RecordingMode(TorchDispatchMode):
-    """Executes every aten op normally and records (func, args, kwargs, output)."""
+    """Executes every aten op normally and records (func, args, kwargs, output, fresh outputs).
+
+    Before an op writes into a storage that existed before the capture, a copy of that storage
+    is kept, so the capture can be undone (see CUDAGraph.capture_end).
+    """
 
     def __init__(self, graph_name: str):
         super().__init__()
         self.graph_name = graph_name
-        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+        self.ops: list[tuple[Any, tuple, dict, Any, list]] = []
+        self.allocated: set[int] = set()  # storages this capture allocated, by data_ptr
+        self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}  # data_ptr -> (storage, before)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -88,9 +115,26 @@ class _RecordingMode(TorchDispatchMode):
         reason = _forbidden_reason(func, args, kwargs)
         if reason:
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
+        if func._schema.is_mutable:
+            for tensor in _written(func, args, kwargs):
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.allocated and key not in self.saved and storage.nbytes():
+                    self.saved[key] = (storage, storage.clone())
         output = func(*args, **kwargs)
-        self.ops.append((func, args, kwargs, output))
+        fresh = _fresh_outputs(args, kwargs, output)
+        self.allocated.update(t.untyped_storage().data_ptr() for _, t in fresh)
+        self.ops.append((func, args, kwargs, output, fresh))
         return output
+
+    def undo(self) -> None:
+        """Leave memory as a CUDA capture, which runs nothing, would: storages that existed
+        before get their old data back, and what the capture allocated holds no result."""
+        for storage, before in self.saved.values():
+            storage.copy_(before)
+        for *_, fresh in self.ops:
+            for _, tensor in fresh:
+                tensor.fill_(float("nan") if tensor.is_floating_point() or tensor.is_complex() else 0)
 
 
 class _HostReadGuard(TorchFunctionMode):
@@ -155,11 +199,13 @@ class CUDAGraph:
         self._modes = None
         recorder.__exit__(None, None, None)
         guard.__exit__(None, None, None)
+        # The undo is the emulator's bookkeeping: no autograd history, and invisible to op counters.
+        with torch.inference_mode(), torch._C._DisableTorchDispatch():
+            recorder.undo()
         if failed:
             return
         steps = []
-        for func, args, kwargs, op_output in recorder.ops:
-            fresh = _fresh_outputs(args, kwargs, op_output)
+        for func, args, kwargs, op_output, fresh in recorder.ops:
             self.held_bytes += sum(t.untyped_storage().nbytes() for _, t in fresh)
             if (step := _replay_step(func, args, kwargs, op_output, fresh)) is not None:
                 steps.append(step)
