@@ -441,3 +441,97 @@ def test_a_sticky_cuda_error_skips_later_engine_tests(pytester):
     result = pytester.runpytest_subprocess("-q", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(failed=1, skipped=1, passed=1)
     result.stdout.fnmatch_lines(["*runtime error*", "*poisoned by test_poison.py::test_poisons*"])
+
+
+# -- known failures: literal ids, bounds, coverage ------------------------------------------------
+
+BOUNDED_TESTS = """
+import pytest
+from harness.checks import Check
+
+@pytest.mark.parametrize("case", ["a-FULL", "b-FULL"])
+def test_numbers(check, case):
+    check.note_difference(1e-7 if case.startswith("a") else 0.5)
+    check.that(False, what="logits differ by rounding")
+
+def test_other(check):
+    raise KeyError("a different bug")
+"""
+
+
+def test_a_parametrised_id_in_a_pattern_is_literal(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=BOUNDED_TESTS)
+    path = write_known_failures(pytester, {
+        "test": "test_kf.py::test_numbers[myname-a-*]", "category": "notyet", "reason": "rounding"})
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(failed=2, xfailed=1)
+
+
+def test_bounds_cover_only_the_failures_they_describe(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=BOUNDED_TESTS)
+    path = write_known_failures(
+        pytester,
+        {"test": "test_kf.py::test_numbers[*]", "category": "notyet", "reason": "Inductor rounding",
+         "max_difference": 1e-6, "match": "differ by rounding"},
+        {"test": "test_kf.py::test_other*", "category": "notyet", "reason": "known crash", "raises": "ValueError"},
+    )
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(failed=2, xfailed=1)
+    for line in ("*Not covered by known failure *failure #1*: the largest difference 0.5 is above the entry's "
+                 "max_difference 1e-06*", "*Not covered by known failure *failure #2*: it raised KeyError, the entry "
+                 "allows ValueError*", "*1 covered by *failure #1* Inductor rounding*"):
+        result.stdout.fnmatch_lines([line])
+
+
+def test_a_stale_pattern_says_its_likely_cause(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=BOUNDED_TESTS)
+    path = write_known_failures(
+        pytester, {"test": "test_kf.py::test_numbers[[]myname-a-FULL[]]", "category": "notyet", "reason": "old"},
+        {"test": "test_kf.py::test_numbers[a-FULL]", "category": "notyet", "reason": "no runtime name"})
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.stdout.fnmatch_lines(["*failure #1*matches no test; it uses fnmatch's escapes*",
+                                 "*failure #2*matches no test; the part in brackets must equal the test id's "
+                                 "parameters, runtime name first*"])
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"test": "x", "category": "never", "reason": "r", "max_difference": -1}, "*max_difference must be a number >= 0*"),
+    ({"test": "x", "category": "never", "reason": "r", "match": "("}, "*match '(' is not a regular expression*"),
+    ({"test": "x", "category": "never", "reason": "r", "bound": 1}, "*unknown keys ['bound']*"),
+], ids=["negative-difference", "bad-regex", "unknown-key"])
+def test_invalid_bounds_are_usage_errors(pytester, entry, message):
+    use_hook_runtime(pytester)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(write_known_failures(pytester, entry)))
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines([message.replace("[", "[[]")])
+
+
+# -- usage errors and readable failures ------------------------------------------------------------
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_graph_backend_cuda_without_cuda_is_one_usage_error(pytester):
+    pytester.makepyfile("def test_x(): pass\ndef test_y(): pass")
+    result = pytester.runpytest("--graph-backend", "cuda")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--graph-backend cuda needs a CUDA device*--graph-backend emulated*"])
+
+
+def test_long_values_are_cut_to_a_window_around_the_first_difference(pytester):
+    pytester.makepyfile("""
+        def test_long(check):
+            expected = list(range(300))
+            actual = expected[:150] + [-1] + expected[151:]
+            check.equal(actual, expected, what="padded sizes", source="a test")
+    """)
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines([
+        "*expected: [[]... 142 before, 142, 143, *, 150, *, 158, ... 141 after[]] (length 300, from index 142)*",
+        "*actual:   [[]... 142 before, 142, *, -1, *, 158, ... 141 after[]] (length 300, from index 142)*",
+        "*first difference: at index 150: expected 150, got -1*",
+    ])
+    assert len(result.stdout.str()) < 6000

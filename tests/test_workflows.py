@@ -1,6 +1,7 @@
 """A linter for the CI workflow files and the scripts they call (no network: actionlint is not
 installable here, so the rules that matter are checked directly)."""
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -109,3 +110,16 @@ def test_nightly_runs_on_a_gpu_runner_and_always_uploads():
 def test_shell_scripts_parse(script):
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_ci_fails_when_no_test_runs(tmp_path):
+    """A CI run that collects nothing must fail (pytest's exit 5), never pass."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / ".ci/run", tmp_path / ".ci/run")
+    (tmp_path / "scripts/install.sh").write_text("exit 0\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=120)
+    assert result.returncode == 5, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "collected no tests" in result.stdout
