@@ -1,0 +1,135 @@
+"""Deliberately broken data-parallel runtimes: the reference engine with one bug each in how its
+ranks agree (reference_runtime/engine/data_parallel.py) or in what an idle rank does. The
+self-test tests/test_data_parallel_catches.py checks that the data-parallel execution suite
+catches every one of them.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.protocol import Request
+from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
+from reference_runtime.engine.data_parallel import DataParallel
+from reference_runtime.engine.runner import ModelRunner, StepOutput
+from reference_runtime.policy import BatchDescriptor, CUDAGraphMode
+from reference_runtime.policy.data_parallel import agree, redispatch
+from reference_runtime.policy.modes import RUNTIME_MODE_RANK
+
+
+def _own(dispatcher, num_tokens, num_reqs, uniform, captured):
+    """The reference's first half: the rank's own dispatch (an idle rank as one decode request)."""
+    if num_tokens == 0:
+        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
+    mode, key = dispatcher.dispatch(num_tokens, num_reqs, uniform) if captured else (
+        CUDAGraphMode.NONE, BatchDescriptor(num_tokens))
+    return num_tokens, uniform, mode, key
+
+
+class _PadsToLocalSize(DataParallel):
+    """Agrees on the mode, but pads to the size its own dispatch chose instead of the largest."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        agreed, _ = agree([(m, s) for _, s, m in self.exchange(num_tokens, key.num_tokens, mode)])
+        return redispatch(dispatcher, agreed, key.num_tokens, key.num_tokens, uniform)
+
+
+class _KeepsOwnMode(DataParallel):
+    """Pads to the agreed size but keeps its own mode there: the re-dispatch is not restricted to
+    the agreed mode (vllm-ascend #6011), so a decode rank replays FULL beside a PIECEWISE rank."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        agreed, size = agree([(m, s) for _, s, m in self.exchange(num_tokens, key.num_tokens, mode)])
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, size, key.num_tokens, uniform)
+        return dispatcher.dispatch(size, None, uniform and size % dispatcher.config.query_len == 0)
+
+
+class _MaxModeConsensus(DataParallel):
+    """Agrees on the highest mode any rank dispatched instead of the lowest; a rank with no graph
+    of that mode for its batch falls back below it, as vLLM's dispatcher does."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        ranks = self.exchange(num_tokens, key.num_tokens, mode)
+        agreed = max((m for _, _, m in ranks), key=RUNTIME_MODE_RANK.__getitem__)
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, None, key.num_tokens, uniform)
+        size = max(s for _, s, _ in ranks)
+        allowed = frozenset(m for m in RUNTIME_MODE_RANK if RUNTIME_MODE_RANK[m] <= RUNTIME_MODE_RANK[agreed])
+        return dispatcher.dispatch(size, None, uniform and size % dispatcher.config.query_len == 0,
+                                   allowed_modes=allowed)
+
+
+class _PadsUnderEager(DataParallel):
+    """Pads every rank to the largest size even when the ranks agreed on eager (vLLM before
+    PR #34102 padded whenever graphs were enabled at all)."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        ranks = self.exchange(num_tokens, key.num_tokens, mode)
+        agreed, size = agree([(m, s) for _, s, m in ranks])
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, None, max(s for _, s, _ in ranks), uniform)
+        return redispatch(dispatcher, agreed, size, key.num_tokens, uniform)
+
+
+class _IdleSkipsTheStep(ModelRunner):
+    """An idle rank returns at once: it never joins the all-reduce, so the busy ranks wait in it for ever."""
+
+    def step(self, requests, padding_fill=None):
+        if not requests:
+            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), "NONE", 0, 1)
+        return super().step(requests, padding_fill)
+
+
+class _IdleSkipsTheForward(ModelRunner):
+    """An idle rank joins the consensus, then reports what was agreed without running anything."""
+
+    def step(self, requests, padding_fill=None):
+        if not requests:
+            mode, key = self.data_parallel.dispatch(self.dispatcher, 0, 0, False, self.capture_summary is not None)
+            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), mode.name, 0,
+                              key.num_tokens)
+        return super().step(requests, padding_fill)
+
+
+DUMMY_REQUEST = -1
+
+
+class _DummyWritesKV(ModelRunner):
+    """An idle rank runs its dummy batch as a real one-token request: it takes a KV block and writes it."""
+
+    def step(self, requests, padding_fill=None):
+        if requests:
+            return super().step(requests, padding_fill)
+        out = super().step([Request(DUMMY_REQUEST, (0,), 0)], padding_fill)
+        self.release(DUMMY_REQUEST)
+        return StepOutput(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
+
+
+def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner) -> type:
+    """The reference runtime whose engines use this consensus and runner."""
+    broken = consensus if consensus is not DataParallel else runner
+
+    def build(self, config):
+        engine = ReferenceEngine(runner(runner_config(config)))
+        if config.data_parallel is not None:
+            engine.runner.data_parallel = consensus(*config.data_parallel, engine.runner.device)
+        return engine
+
+    return type(broken.__name__.lstrip("_"), (ReferenceRuntime,), {"name": name, "build": build,
+                                                                   "__doc__": broken.__doc__})
+
+
+PadsToLocalSize = mutant("dp-pads-to-local-size", consensus=_PadsToLocalSize)
+KeepsOwnMode = mutant("dp-keeps-own-mode", consensus=_KeepsOwnMode)
+MaxModeConsensus = mutant("dp-max-mode-consensus", consensus=_MaxModeConsensus)
+PadsUnderEager = mutant("dp-pads-under-eager", consensus=_PadsUnderEager)
+IdleSkipsTheStep = mutant("dp-idle-skips-the-step", runner=_IdleSkipsTheStep)
+IdleSkipsTheForward = mutant("dp-idle-skips-the-forward", runner=_IdleSkipsTheForward)
+DummyWritesKV = mutant("dp-dummy-writes-kv", runner=_DummyWritesKV)
+
+MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, IdleSkipsTheStep, IdleSkipsTheForward,
+           DummyWritesKV]
