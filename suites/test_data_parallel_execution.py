@@ -18,7 +18,6 @@ own batch, or none (idle), and the harness observes what each ran. Checked at ev
 Expected values: the runtime's own dispatch(), the oracle, each rank's own eager step, and what
 the harness observed in each rank's process.
 """
-import time
 from dataclasses import replace
 
 import pytest
@@ -171,17 +170,14 @@ class DataParallelRun:
                 uniform = all(len(x.token_ids) == q for x in r.requests)
                 own[r.rank] = runtime.dispatch(policy, r.num_tokens, len(r.requests), uniform)
         alone = {rank: f"{d.runtime_mode} at {d.descriptor.num_tokens}" for rank, d in own.items()}
-        # The mode: the lowest the busy ranks' own dispatch gives, on every rank.
-        if own:
-            agreed = lowest(d.runtime_mode for d in own.values())
-            for r in ran:
-                check.that(r.runtime_mode == agreed, source=OWN_POLICY, case=case, alone=alone,
-                           what=f"rank {r.rank} ran {r.runtime_mode}; every rank must run {agreed}, the lowest mode "
-                                "the busy ranks' own dispatch() gives their batches alone" + (
-                                    " (never a higher one)" if RUNTIME_MODES.index(r.runtime_mode) >
-                                    RUNTIME_MODES.index(agreed) else ""))
-        check.that(len({r.runtime_mode for r in ran}) == 1, source=OBSERVED, case=case,
-                   what="the ranks ran different modes")
+        # The mode: on every rank the same, the lowest the busy ranks' own dispatch() gives.
+        agreed = lowest(d.runtime_mode for d in own.values()) if own else ran[0].runtime_mode
+        for r in ran:
+            higher = RUNTIME_MODES.index(r.runtime_mode) > RUNTIME_MODES.index(agreed)
+            check.that(r.runtime_mode == agreed, source=OWN_POLICY if own else OBSERVED, case=case, alone=alone,
+                       what=f"rank {r.rank} ran {r.runtime_mode}; every rank must run " + (
+                           f"{agreed}, the lowest mode the busy ranks' own dispatch() gives their batches alone"
+                           + (" (never a higher one)" if higher else "") if own else f"the same mode as rank 0 ({agreed})"))
         # The size: the largest a busy rank dispatched, under a graph mode; each its own under NONE.
         mode = ran[0].runtime_mode
         if mode != "NONE":
@@ -226,10 +222,7 @@ def dp(runtime, graph_backend):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_scripted_sequence(check, record, dp, mode):
-    start = time.monotonic()
     dp.run(check, mode, [specs for _, specs in SCRIPT], record=record)
-    limit = len(SCRIPT) * distributed.STEP_TIMEOUT_S
-    check.that(time.monotonic() - start < limit, source=OBSERVED, what=f"the sequence took longer than {limit:g} s")
 
 
 @st.composite

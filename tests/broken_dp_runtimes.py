@@ -109,6 +109,22 @@ class _DummyWritesKV(ModelRunner):
         return StepOutput(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
 
 
+class _StaleTablesOnRankOne(ModelRunner):
+    """On rank 1 only, graph steps keep the block tables the step before left in the static
+    buffer: that rank's real rows read another request's KV."""
+
+    def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None):
+        if mode is CUDAGraphMode.NONE or self.config.data_parallel[0] != 1:
+            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
+        buffers, tables = self.buffers, self.buffers.block_tables.clone()
+        load = buffers.load
+        buffers.load = lambda layout: (load(layout), buffers.block_tables.copy_(tables))
+        try:
+            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
+        finally:
+            buffers.load = load
+
+
 def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner) -> type:
     """The reference runtime whose engines use this consensus and runner."""
     broken = consensus if consensus is not DataParallel else runner
@@ -130,6 +146,7 @@ PadsUnderEager = mutant("dp-pads-under-eager", consensus=_PadsUnderEager)
 IdleSkipsTheStep = mutant("dp-idle-skips-the-step", runner=_IdleSkipsTheStep)
 IdleSkipsTheForward = mutant("dp-idle-skips-the-forward", runner=_IdleSkipsTheForward)
 DummyWritesKV = mutant("dp-dummy-writes-kv", runner=_DummyWritesKV)
+StaleTablesOnRankOne = mutant("dp-stale-tables-on-rank-one", runner=_StaleTablesOnRankOne)
 
 MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, IdleSkipsTheStep, IdleSkipsTheForward,
-           DummyWritesKV]
+           DummyWritesKV, StaleTablesOnRankOne]
