@@ -39,6 +39,9 @@ STEP_TIMEOUT_S = 15.0
 START_TIMEOUT_S = 240.0  # a rank imports torch and joins the process group
 BUILD_TIMEOUT_S = 300.0  # build() and capture() in every rank
 MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
+# How ranks start: a parent that initialised CUDA cannot fork, so GPU ranks are spawned; CPU ranks
+# fork from a server that imported torch once.
+START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
 # Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds;
 # transformers and its Llama where installed: the harness's checkpoints are Llama models, loaded with it.
 PRELOAD = ("torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama")
@@ -99,10 +102,9 @@ class RankPool:
             if torch.cuda.device_count() < self.world:
                 raise RankFailure(f"{self.world} NCCL ranks need {self.world} GPUs, and torch sees "
                                   f"{torch.cuda.device_count()}", {})
-            context = multiprocessing.get_context("spawn")  # a CUDA-initialised parent cannot fork
-        else:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(list(PRELOAD))  # only the first pool's start reads it
+        context = multiprocessing.get_context(START_METHODS[self.backend])
+        if START_METHODS[self.backend] == "forkserver":
+            context.set_forkserver_preload(list(PRELOAD))  # only the fork server's first start reads it
         port = _free_port()
         for rank in range(self.world):
             parent_end, child_end = context.Pipe()
@@ -171,8 +173,13 @@ class RankPool:
                     try:
                         status, value = ready.recv()
                     except (EOFError, OSError):
-                        status, value = "error", "its end of the pipe closed"
-                    (replies if status == "ok" else errors)[rank] = value
+                        self.processes[rank].join(timeout=1)
+                        errors[rank] = f"the process died (exit code {self.processes[rank].exitcode})"
+                        continue
+                    if status == "ok":
+                        replies[rank] = value
+                    else:
+                        errors[rank] = f"raised: {_last_lines(value)}"
             for connection, rank in list(waiting.items()):
                 if not self.processes[rank].is_alive() and not connection.poll():
                     errors[rank] = f"the process died (exit code {self.processes[rank].exitcode})"
@@ -184,7 +191,7 @@ class RankPool:
         for rank in range(self.world):
             name = f"rank {rank}"
             if rank in errors:
-                outcome = f"raised: {_last_lines(errors[rank])}"
+                outcome = errors[rank]
             elif rank in replies:
                 outcome = "answered" + (f": ran {_ran(replies[rank])}" if _ran(replies[rank]) else "")
             else:

@@ -5,6 +5,8 @@ catches every one of them.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from harness.protocol import Request
@@ -150,3 +152,25 @@ StaleTablesOnRankOne = mutant("dp-stale-tables-on-rank-one", runner=_StaleTables
 
 MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, IdleSkipsTheStep, IdleSkipsTheForward,
            DummyWritesKV, StaleTablesOnRankOne]
+
+
+# -- ranks that fail outright: for the harness's own test of how it reports them, not suite mutants --
+class _FailingEngine(ReferenceEngine):
+    """Raises on every rank at a step of two-token prompts; rank 1's process exits at one of three."""
+
+    def step(self, requests, padding_fill=None):
+        lengths = {len(r.token_ids) for r in requests}
+        if lengths == {2}:
+            raise ValueError("this engine cannot run two-token prompts")
+        if lengths == {3} and self.runner.config.data_parallel[0] == 1:
+            os._exit(7)
+        return super().step(requests, padding_fill)
+
+
+class FailingRanks(ReferenceRuntime):
+    name = "dp-failing-ranks"
+
+    def build(self, config):
+        engine = super().build(config)
+        engine.__class__ = _FailingEngine
+        return engine

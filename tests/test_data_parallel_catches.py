@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from harness import distributed
+from harness.observe import EngineFactory
+from harness.protocol import Request
 from tests import broken_dp_runtimes
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "suites" / "test_data_parallel_execution.py"
-HANG_TIMEOUT_S = 2.0  # the step timeout while a self-test runs: a hang costs this, not the default
+HANG_TIMEOUT_S = 3.0  # the step timeout in these runs (a step takes milliseconds): what a hang costs
 
 # mutant -> (the scripted step it first fails at, words its failure message must hold)
 MUST_CATCH = {
@@ -75,3 +77,21 @@ def test_a_hang_costs_a_bounded_time_and_the_run_goes_on(pytester, monkeypatch, 
         assert f"did not finish within {HANG_TIMEOUT_S:g} s" in reason and "step 3 of" in reason, reason
         assert "rank 0: idle (no requests) -> answered" in reason and "rank 1: 3 requests" in reason, reason
         assert test["duration"] < HANG_TIMEOUT_S + 60, f"{test['nodeid']} took {test['duration']:.1f} s"
+
+
+def test_ranks_that_raise_or_die_fail_the_step_and_the_next_call_starts_afresh(monkeypatch):
+    monkeypatch.setattr(distributed, "STEP_TIMEOUT_S", HANG_TIMEOUT_S)
+    runtime = broken_dp_runtimes.FailingRanks()
+    config = EngineFactory(runtime, "emulated", max_num_seqs=4, max_num_batched_tokens=32).config(mode="PIECEWISE")
+    outcomes = {}
+    for length in (2, 3):  # every rank raises; then rank 1's process exits
+        pool = distributed.pool(2, "emulated")
+        built = pool.build(runtime, config)
+        with pytest.raises(distributed.RankFailure) as failure:
+            pool.step(built, 5, [[Request(1, tuple(range(1, length + 1)), 0)], [Request(2, (7,) * length, 0)]], False)
+        assert not pool.alive and "step 5:" in failure.value.what
+        outcomes[length] = failure.value.ranks
+    assert all("raised: " in text and "ValueError: this engine cannot run two-token prompts" in text
+               for text in outcomes[2].values())
+    assert "the process died (exit code 7)" in outcomes[3]["rank 1"]
+    assert all(text.startswith("1 requests (0 continuing), 3 tokens") for text in outcomes[3].values())
