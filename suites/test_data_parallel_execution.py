@@ -233,10 +233,10 @@ def rank_batches(draw, sizes: list[int]):
     kind = draw(st.sampled_from(kinds))
     if kind == "idle":
         return ("idle", 0)
-    if kind == "uniform":
-        return ("uniform", draw(st.sampled_from([n for n in edges if n <= MAX_NUM_SEQS])))
-    if kind == "mixed":
-        return ("mixed", draw(st.sampled_from([n for n in edges if n >= 2])))
+    if kind == "uniform":  # one token a request, so at most max_num_seqs of them
+        return ("uniform", draw(st.sampled_from([n for n in edges if n <= MAX_NUM_SEQS] or [1, MAX_NUM_SEQS])))
+    if kind == "mixed":  # a prompt of two tokens at least
+        return ("mixed", draw(st.sampled_from([n for n in edges if n >= 2] or [2, BATCHED_TOKENS])))
     return ("mixed", draw(st.integers(max(sizes) + 1, BATCHED_TOKENS)))
 
 
