@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from harness import distributed, expected, oracle
 from harness.batches import Sequence, decode_requests, prompt
-from harness.observe import EngineFactory
 from harness.protocol import RankBatch, Request
 from harness.records import DataParallelStep
 from harness.vocabulary import EAGER, OBSERVED, ORACLE, OWN_POLICY, RUNTIME_MODES, RUNTIME_WORD, lowest
@@ -88,6 +87,8 @@ class DataParallelRun:
     """The ranks' engines for this module's tests, and the checks of one step."""
 
     def __init__(self, runtime, graph_backend):
+        from harness.observe import EngineFactory  # imports torch: not at collection, for policy-only runs
+
         self.runtime, self.graph_backend = runtime, graph_backend
         self.factory = EngineFactory(runtime, graph_backend, max_num_seqs=MAX_NUM_SEQS,
                                      max_num_batched_tokens=BATCHED_TOKENS)
@@ -155,8 +156,8 @@ class DataParallelRun:
         case += "".join(f"\n    rank {r.rank}: {distributed.describe_rank_batch(r.requests)} -> ran {r.runtime_mode} "
                         f"at {r.padded_num_tokens}" for r in ran)
         for r in ran:
-            check.that(r.problem is None, what=f"rank {r.rank}: {r.problem}", source="the protocol (harness/protocol.py)",
-                       case=case)
+            check.that(r.problem is None, what=f"rank {r.rank}: {r.problem}", case=case,
+                       source="the protocol (harness/protocol.py)")
         for r in ran:
             launches = {"NONE": 0, "FULL": 1, "PIECEWISE": built.pieces_per_size}[r.runtime_mode]
             check.that(r.graph_launches == launches if launches is not None else r.graph_launches >= 2,
@@ -164,36 +165,43 @@ class DataParallelRun:
                        what=f"rank {r.rank} reported {r.runtime_mode}, which launches "
                             f"{launches if launches is not None else 'two or more'} graph(s)")
         busy = [r for r in ran if r.requests]
-        own = {}
+        own = {}  # what each busy rank's own dispatch() gives its batch alone
         if runtime.capabilities.dispatch:
             for r in busy:
                 uniform = all(len(x.token_ids) == q for x in r.requests)
                 own[r.rank] = runtime.dispatch(policy, r.num_tokens, len(r.requests), uniform)
-        alone = {rank: f"{d.runtime_mode} at {d.descriptor.num_tokens}" for rank, d in own.items()}
-        # The mode: on every rank the same, the lowest the busy ranks' own dispatch() gives.
-        agreed = lowest(d.runtime_mode for d in own.values()) if own else ran[0].runtime_mode
+        alone = {"alone": {rank: f"{d.runtime_mode} at {d.descriptor.num_tokens}" for rank, d in own.items()}} if own else {}
+        # The mode: the same on every rank, the lowest the busy ranks' own dispatch() gives.
+        if own:
+            agreed, source = lowest(d.runtime_mode for d in own.values()), OWN_POLICY
+            rule = f"{agreed}, the lowest mode the busy ranks' own dispatch() gives their batches alone"
+        else:
+            agreed = ran[0].runtime_mode
+            source, rule = OBSERVED, f"the same mode as rank 0 ({agreed})"
         for r in ran:
-            higher = RUNTIME_MODES.index(r.runtime_mode) > RUNTIME_MODES.index(agreed)
-            check.that(r.runtime_mode == agreed, source=OWN_POLICY if own else OBSERVED, case=case, alone=alone,
-                       what=f"rank {r.rank} ran {r.runtime_mode}; every rank must run " + (
-                           f"{agreed}, the lowest mode the busy ranks' own dispatch() gives their batches alone"
-                           + (" (never a higher one)" if higher else "") if own else f"the same mode as rank 0 ({agreed})"))
-        # The size: the largest a busy rank dispatched, under a graph mode; each its own under NONE.
-        mode = ran[0].runtime_mode
-        if mode != "NONE":
-            largest = max((d.descriptor.num_tokens for d in own.values()), default=None)
+            above = RUNTIME_MODES.index(r.runtime_mode) > RUNTIME_MODES.index(agreed)
+            check.that(r.runtime_mode == agreed, source=source, case=case, **alone,
+                       what=f"rank {r.rank} ran {r.runtime_mode}; every rank must run {rule}"
+                            + (" (never a higher one)" if above else ""))
+        # The size: under a graph mode the largest a busy rank's own dispatch chose, on every rank;
+        # under NONE each busy rank its own (its real tokens, or the size its own dispatch chose).
+        if agreed != "NONE":
+            if own:
+                size, source = max(d.descriptor.num_tokens for d in own.values()), OWN_POLICY
+                rule = f"the largest size any busy rank's own dispatch() chose ({size})"
+            else:
+                size = ran[0].padded_num_tokens
+                source, rule = OBSERVED, f"the same size as rank 0 ({size})"
             for r in ran:
-                check.that(r.padded_num_tokens == (largest or ran[0].padded_num_tokens), case=case, alone=alone,
-                           source=OWN_POLICY if largest else OBSERVED,
-                           what=f"rank {r.rank} ran {mode} at {r.padded_num_tokens}; under a graph mode every rank "
-                                f"pads to " + (f"the largest size any busy rank's own dispatch() chose ({largest})"
-                                               if largest else "the same size"))
+                check.that(r.padded_num_tokens == size, source=source, case=case, **alone,
+                           what=f"rank {r.rank} ran {agreed} at {r.padded_num_tokens}; under a graph mode every "
+                                f"rank pads to {rule}")
         else:
             for r in busy:
-                allowed = {r.num_tokens} | ({own[r.rank].descriptor.num_tokens} if r.rank in own else set())
-                check.that(r.padded_num_tokens in allowed, source=OWN_POLICY, case=case, alone=alone,
-                           what=f"rank {r.rank} ran NONE at {r.padded_num_tokens}; agreed on eager, a rank runs at "
-                                f"its own size {sorted(allowed)} (there is no padding across ranks under NONE)")
+                allowed = sorted({r.num_tokens, own[r.rank].descriptor.num_tokens}) if r.rank in own else None
+                check.that(allowed is None or r.padded_num_tokens in allowed, source=OWN_POLICY, case=case,
+                           **alone, what=f"rank {r.rank} ran NONE at {r.padded_num_tokens}; agreed on eager, a "
+                                             f"rank runs at its own size {allowed} (no padding across ranks under NONE)")
         for r in ran:
             if r.requests:
                 check.same_bits(r.logits, r.eager_logits, source=EAGER, case=case,

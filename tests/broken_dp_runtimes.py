@@ -6,6 +6,7 @@ catches every one of them.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -127,8 +128,10 @@ class _StaleTablesOnRankOne(ModelRunner):
             buffers.load = load
 
 
-def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner) -> type:
-    """The reference runtime whose engines use this consensus and runner."""
+def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner, policy: bool = True,
+           class_name: str | None = None) -> type:
+    """The reference runtime whose engines use this consensus and runner; with policy=False it
+    declares no dispatch() (nor vLLM's policy), so the suite has only the ranks to compare."""
     broken = consensus if consensus is not DataParallel else runner
 
     def build(self, config):
@@ -137,8 +140,12 @@ def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRun
             engine.runner.data_parallel = consensus(*config.data_parallel, engine.runner.device)
         return engine
 
-    return type(broken.__name__.lstrip("_"), (ReferenceRuntime,), {"name": name, "build": build,
-                                                                   "__doc__": broken.__doc__})
+    namespace = {"name": name, "build": build, "__doc__": broken.__doc__}
+    if not policy:
+        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, vllm_policy=False,
+                                            data_parallel=False)
+        namespace["__doc__"] += " It declares no dispatch policy."
+    return type(class_name or broken.__name__.lstrip("_"), (ReferenceRuntime,), namespace)
 
 
 PadsToLocalSize = mutant("dp-pads-to-local-size", consensus=_PadsToLocalSize)
@@ -149,9 +156,14 @@ IdleSkipsTheStep = mutant("dp-idle-skips-the-step", runner=_IdleSkipsTheStep)
 IdleSkipsTheForward = mutant("dp-idle-skips-the-forward", runner=_IdleSkipsTheForward)
 DummyWritesKV = mutant("dp-dummy-writes-kv", runner=_DummyWritesKV)
 StaleTablesOnRankOne = mutant("dp-stale-tables-on-rank-one", runner=_StaleTablesOnRankOne)
+# Without a declared policy the suite can only hold the ranks to each other.
+KeepsOwnModeNoPolicy = mutant("dp-keeps-own-mode-no-policy", consensus=_KeepsOwnMode, policy=False,
+                              class_name="KeepsOwnModeNoPolicy")
+PadsToLocalSizeNoPolicy = mutant("dp-pads-to-local-size-no-policy", consensus=_PadsToLocalSize, policy=False,
+                                 class_name="PadsToLocalSizeNoPolicy")
 
 MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, IdleSkipsTheStep, IdleSkipsTheForward,
-           DummyWritesKV, StaleTablesOnRankOne]
+           DummyWritesKV, StaleTablesOnRankOne, KeepsOwnModeNoPolicy, PadsToLocalSizeNoPolicy]
 
 
 # -- ranks that fail outright: for the harness's own test of how it reports them, not suite mutants --

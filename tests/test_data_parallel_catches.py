@@ -29,6 +29,8 @@ MUST_CATCH = {
     "PadsUnderEager": (4, "no padding across ranks under NONE"),
     "IdleSkipsTheForward": (3, "which launches 1 graph"),
     "DummyWritesKV": (3, "an idle rank's dummy batch must write none"),
+    "KeepsOwnModeNoPolicy": (2, "every rank must run the same mode as rank 0"),
+    "PadsToLocalSizeNoPolicy": (0, "every rank pads to the same size as rank 0"),
 }
 HANGS = "IdleSkipsTheStep"  # the busy ranks wait for ever: its own test below
 
