@@ -266,9 +266,10 @@ def _data_parallel(run: dict) -> list[str]:
         steps = [r for r in test.get("records") or () if r.get("kind") == "data_parallel_step"]
         if steps:
             lines += [f"`{test['nodeid'].split('::')[-1]}`", ""]
-            lines += _table(["step", "each rank's batch", "agreed mode", "padded size per rank", "padding waste (tokens)"],
-                            [[s["step"], "; ".join(f"rank {i}: {b}" for i, b in enumerate(s["batches"])),
-                              s["agreed_mode"], ", ".join(map(str, s["padded"])), s["waste_tokens"]] for s in steps])
+            header = ["step", "each rank's batch", "agreed mode", "padded size per rank", "padding waste (tokens)"]
+            lines += _table(header, [[s["step"], "; ".join(f"rank {i}: {b}" for i, b in enumerate(s["batches"])),
+                                      s["agreed_mode"], ", ".join(map(str, s["padded"])), s["waste_tokens"]]
+                                     for s in steps])
     return lines
 
 
