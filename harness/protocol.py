@@ -36,7 +36,7 @@ class Capabilities:
     kv_inspection: bool = False  # kv_snapshot() and slot_of()
     input_inspection: bool = False  # last_step_inputs()
     address_checks: bool = False  # swap_static_buffer()
-    data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed
+    data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed (docs/data_parallel.md)
     batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
     notes: str = ""  # shown in the report header: what is emulated, what stands in
@@ -153,7 +153,9 @@ class EngineConfig:
     max_model_len: int = 128  # longest request (prompt + output) the engine must hold
     kv_tokens: int | None = None  # KV capacity in tokens that must be free after capture; None: default
     checkpoint: str | None = None  # a Hugging Face Llama folder to load (capability loads_checkpoint)
-    data_parallel: tuple[int, int] | None = None  # (rank, world size); torch.distributed is initialised
+    # (rank, world size): one process per rank, torch.distributed initialised by the harness before
+    # build() (gloo on the CPU, NCCL with one GPU per rank); step() then agrees with the other ranks.
+    data_parallel: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,9 @@ class Engine(Protocol):
     resolution: Resolution
 
     def capture(self) -> CaptureReport: ...  # once; a second call raises RuntimeError
+    # Under data_parallel, step() is collective: every rank calls it each step and the engine agrees
+    # on mode and size itself; an idle rank calls step([]), runs a dummy batch and returns logits of
+    # shape [0, vocab] with the mode and padded size it ran. eager_step() never communicates.
     def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult: ...
     def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult: ...
     def release(self, request_id: int) -> None: ...  # forget a request, free its KV

@@ -258,6 +258,21 @@ def _batch_invariance(rows: list[dict]) -> list[str]:
                   [[r["padded"], r["mode"], ", ".join(map(str, r["batches"])), f"{r['difference']:.3g}"] for r in rows])
 
 
+def _data_parallel(run: dict) -> list[str]:
+    """Each recorded data-parallel step, per test: every rank's batch, what the ranks ran, and the
+    padding the consensus cost (tokens beyond what each rank would have run alone)."""
+    lines = []
+    for test in run.get("tests", []):
+        steps = [r for r in test.get("records") or () if r.get("kind") == "data_parallel_step"]
+        if steps:
+            lines += [f"`{test['nodeid'].split('::')[-1]}`", ""]
+            header = ["step", "each rank's batch", "agreed mode", "padded size per rank", "padding waste (tokens)"]
+            lines += _table(header, [[s["step"], "; ".join(f"rank {i}: {b}" for i, b in enumerate(s["batches"])),
+                                      s["agreed_mode"], ", ".join(map(str, s["padded"])), s["waste_tokens"]]
+                                     for s in steps])
+    return lines
+
+
 def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[str]:
     latency, invariance = latency_rows(run), batch_invariance_rows(run)
     capture, launches, serving = (distinct(recorded(run, name)) for name in ("capture", "launches", "serving"))
@@ -270,6 +285,7 @@ def _measurements(run: dict, label: str, plots: list[tuple[str, str]]) -> list[s
         ("Serving", _serving(serving) if serving else []),
         ("Batch invariance (padded graph vs unpadded eager, largest |difference|)",
          _batch_invariance(invariance) if invariance else []),
+        ("Data parallel", _data_parallel(run)),
         ("Plots", [line for caption, name in plots for line in (f"![{caption}]({name})", "")]),
     ]
     lines = [f"## Measurements: {label}", ""]

@@ -37,7 +37,7 @@ class ReferenceRuntime:
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
         padding_fills=("zeros", "random", "nan", "inf"), loads_checkpoint=True, kv_inspection=True,
-        input_inspection=True, address_checks=True,
+        input_inspection=True, address_checks=True, data_parallel_execution=True,
         notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 
@@ -80,7 +80,7 @@ def runner_config(config: p.EngineConfig):
         preset=config.preset, checkpoint=config.checkpoint, dtype=config.dtype, device=config.device,
         graph_backend=config.graph_backend, mode=config.policy.mode,
         attention_backends=tuple(config.attention_backends) or ("static",), policy=to_policy_config(config.policy),
-        seed=config.seed, max_model_len=config.max_model_len, **blocks,
+        seed=config.seed, max_model_len=config.max_model_len, data_parallel=config.data_parallel, **blocks,
     )
 
 

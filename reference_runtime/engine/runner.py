@@ -47,6 +47,7 @@ class RunnerConfig:
     max_model_len: int = 128
     debug: bool = False  # check graph input addresses on every replay, not only the first
     compile: bool = False  # torch.compile the pieces (Inductor, without its own graphs)
+    data_parallel: tuple[int, int] | None = None  # (rank, world): steps agree across ranks (data_parallel.py)
 
 
 @dataclass
@@ -112,6 +113,11 @@ class ModelRunner:
         self.graph_memory_estimate: int | None = None
         self.allocator = BlockAllocator(self.num_blocks, config.block_size)
         self.last_layout = None
+        self.data_parallel = None
+        if config.data_parallel is not None:
+            from .data_parallel import DataParallel
+
+            self.data_parallel = DataParallel(*config.data_parallel, self.device)
         if config.gpu_memory_utilization is not None:
             from .memory import size_kv_cache
 
@@ -220,10 +226,15 @@ class ModelRunner:
         """Pad, dispatch and run one step as in service."""
         n = sum(len(r.token_ids) for r in requests)
         uniform = query_len_if_uniform(requests, self.q) is not None
-        mode, key = self.dispatcher.dispatch(n, len(requests), uniform)
-        if mode is not CUDAGraphMode.NONE and self.capture_summary is None:
-            mode = CUDAGraphMode.NONE  # nothing captured yet: run eager, unpadded
-        size = key.num_tokens if mode is not CUDAGraphMode.NONE else n
+        if self.data_parallel is not None:  # the ranks agree first (an idle rank runs padding rows only)
+            mode, key = self.data_parallel.dispatch(self.dispatcher, n, len(requests), uniform,
+                                                    captured=self.capture_summary is not None)
+            size = key.num_tokens
+        else:
+            mode, key = self.dispatcher.dispatch(n, len(requests), uniform)
+            if mode is not CUDAGraphMode.NONE and self.capture_summary is None:
+                mode = CUDAGraphMode.NONE  # nothing captured yet: run eager, unpadded
+            size = key.num_tokens if mode is not CUDAGraphMode.NONE else n
         layout_uniform = key.uniform if mode is CUDAGraphMode.FULL else None
         return self._run(requests, mode, size, layout_uniform, key, padding_fill)
 

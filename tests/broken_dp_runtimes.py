@@ -1,0 +1,188 @@
+"""Deliberately broken data-parallel runtimes: the reference engine with one bug each in how its
+ranks agree (reference_runtime/engine/data_parallel.py) or in what an idle rank does. The
+self-test tests/test_data_parallel_catches.py checks that the data-parallel execution suite
+catches every one of them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+from harness.protocol import Request
+from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
+from reference_runtime.engine.data_parallel import DataParallel
+from reference_runtime.engine.runner import ModelRunner, StepOutput
+from reference_runtime.policy import BatchDescriptor, CUDAGraphMode
+from reference_runtime.policy.data_parallel import agree, redispatch
+from reference_runtime.policy.modes import RUNTIME_MODE_RANK
+
+
+def _own(dispatcher, num_tokens, num_reqs, uniform, captured):
+    """The reference's first half: the rank's own dispatch (an idle rank as one decode request)."""
+    if num_tokens == 0:
+        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
+    mode, key = dispatcher.dispatch(num_tokens, num_reqs, uniform) if captured else (
+        CUDAGraphMode.NONE, BatchDescriptor(num_tokens))
+    return num_tokens, uniform, mode, key
+
+
+class _PadsToLocalSize(DataParallel):
+    """Agrees on the mode, but pads to the size its own dispatch chose instead of the largest."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        agreed, _ = agree([(m, s) for _, s, m in self.exchange(num_tokens, key.num_tokens, mode)])
+        return redispatch(dispatcher, agreed, key.num_tokens, key.num_tokens, uniform)
+
+
+class _KeepsOwnMode(DataParallel):
+    """Pads to the agreed size but keeps its own mode there: the re-dispatch is not restricted to
+    the agreed mode (vllm-ascend #6011), so a decode rank replays FULL beside a PIECEWISE rank."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        agreed, size = agree([(m, s) for _, s, m in self.exchange(num_tokens, key.num_tokens, mode)])
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, size, key.num_tokens, uniform)
+        return dispatcher.dispatch(size, None, uniform and size % dispatcher.config.query_len == 0)
+
+
+class _MaxModeConsensus(DataParallel):
+    """Agrees on the highest mode any rank dispatched instead of the lowest; a rank with no graph
+    of that mode for its batch falls back below it, as vLLM's dispatcher does."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        ranks = self.exchange(num_tokens, key.num_tokens, mode)
+        agreed = max((m for _, _, m in ranks), key=RUNTIME_MODE_RANK.__getitem__)
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, None, key.num_tokens, uniform)
+        size = max(s for _, s, _ in ranks)
+        allowed = frozenset(m for m in RUNTIME_MODE_RANK if RUNTIME_MODE_RANK[m] <= RUNTIME_MODE_RANK[agreed])
+        return dispatcher.dispatch(size, None, uniform and size % dispatcher.config.query_len == 0,
+                                   allowed_modes=allowed)
+
+
+class _PadsUnderEager(DataParallel):
+    """Pads every rank to the largest size even when the ranks agreed on eager (vLLM before
+    PR #34102 padded whenever graphs were enabled at all)."""
+
+    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
+        num_tokens, uniform, mode, key = _own(dispatcher, num_tokens, num_reqs, uniform, captured)
+        ranks = self.exchange(num_tokens, key.num_tokens, mode)
+        agreed, size = agree([(m, s) for _, s, m in ranks])
+        if agreed is CUDAGraphMode.NONE:
+            return redispatch(dispatcher, agreed, None, max(s for _, s, _ in ranks), uniform)
+        return redispatch(dispatcher, agreed, size, key.num_tokens, uniform)
+
+
+class _IdleSkipsTheStep(ModelRunner):
+    """An idle rank returns at once: it never joins the all-reduce, so the busy ranks wait in it for ever."""
+
+    def step(self, requests, padding_fill=None):
+        if not requests:
+            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), "NONE", 0, 1)
+        return super().step(requests, padding_fill)
+
+
+class _IdleSkipsTheForward(ModelRunner):
+    """An idle rank joins the consensus, then reports what was agreed without running anything."""
+
+    def step(self, requests, padding_fill=None):
+        if not requests:
+            mode, key = self.data_parallel.dispatch(self.dispatcher, 0, 0, False, self.capture_summary is not None)
+            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), mode.name, 0,
+                              key.num_tokens)
+        return super().step(requests, padding_fill)
+
+
+DUMMY_REQUEST = -1
+
+
+class _DummyWritesKV(ModelRunner):
+    """An idle rank runs its dummy batch as a real one-token request: it takes a KV block and writes it."""
+
+    def step(self, requests, padding_fill=None):
+        if requests:
+            return super().step(requests, padding_fill)
+        out = super().step([Request(DUMMY_REQUEST, (0,), 0)], padding_fill)
+        self.release(DUMMY_REQUEST)
+        return StepOutput(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
+
+
+class _StaleTablesOnRankOne(ModelRunner):
+    """On rank 1 only, graph steps keep the block tables the step before left in the static
+    buffer: that rank's real rows read another request's KV."""
+
+    def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None):
+        if mode is CUDAGraphMode.NONE or self.config.data_parallel[0] != 1:
+            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
+        buffers, tables = self.buffers, self.buffers.block_tables.clone()
+        load = buffers.load
+        buffers.load = lambda layout: (load(layout), buffers.block_tables.copy_(tables))
+        try:
+            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
+        finally:
+            buffers.load = load
+
+
+def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner, policy: bool = True,
+           class_name: str | None = None) -> type:
+    """The reference runtime whose engines use this consensus and runner; with policy=False it
+    declares no dispatch() (nor vLLM's policy), so the suite has only the ranks to compare."""
+    broken = consensus if consensus is not DataParallel else runner
+
+    def build(self, config):
+        engine = ReferenceEngine(runner(runner_config(config)))
+        if config.data_parallel is not None:
+            engine.runner.data_parallel = consensus(*config.data_parallel, engine.runner.device)
+        return engine
+
+    namespace = {"name": name, "build": build, "__doc__": broken.__doc__}
+    if not policy:
+        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, vllm_policy=False,
+                                            data_parallel=False)
+        namespace["__doc__"] += " It declares no dispatch policy."
+    return type(class_name or broken.__name__.lstrip("_"), (ReferenceRuntime,), namespace)
+
+
+PadsToLocalSize = mutant("dp-pads-to-local-size", consensus=_PadsToLocalSize)
+KeepsOwnMode = mutant("dp-keeps-own-mode", consensus=_KeepsOwnMode)
+MaxModeConsensus = mutant("dp-max-mode-consensus", consensus=_MaxModeConsensus)
+PadsUnderEager = mutant("dp-pads-under-eager", consensus=_PadsUnderEager)
+IdleSkipsTheStep = mutant("dp-idle-skips-the-step", runner=_IdleSkipsTheStep)
+IdleSkipsTheForward = mutant("dp-idle-skips-the-forward", runner=_IdleSkipsTheForward)
+DummyWritesKV = mutant("dp-dummy-writes-kv", runner=_DummyWritesKV)
+StaleTablesOnRankOne = mutant("dp-stale-tables-on-rank-one", runner=_StaleTablesOnRankOne)
+# Without a declared policy the suite can only hold the ranks to each other.
+KeepsOwnModeNoPolicy = mutant("dp-keeps-own-mode-no-policy", consensus=_KeepsOwnMode, policy=False,
+                              class_name="KeepsOwnModeNoPolicy")
+PadsToLocalSizeNoPolicy = mutant("dp-pads-to-local-size-no-policy", consensus=_PadsToLocalSize, policy=False,
+                                 class_name="PadsToLocalSizeNoPolicy")
+
+MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, IdleSkipsTheStep, IdleSkipsTheForward,
+           DummyWritesKV, StaleTablesOnRankOne, KeepsOwnModeNoPolicy, PadsToLocalSizeNoPolicy]
+
+
+# -- ranks that fail outright: for the harness's own test of how it reports them, not suite mutants --
+class _FailingEngine(ReferenceEngine):
+    """Raises on every rank at a step of two-token prompts; rank 1's process exits at one of three."""
+
+    def step(self, requests, padding_fill=None):
+        lengths = {len(r.token_ids) for r in requests}
+        if lengths == {2}:
+            raise ValueError("this engine cannot run two-token prompts")
+        if lengths == {3} and self.runner.config.data_parallel[0] == 1:
+            os._exit(7)
+        return super().step(requests, padding_fill)
+
+
+class FailingRanks(ReferenceRuntime):
+    name = "dp-failing-ranks"
+
+    def build(self, config):
+        engine = super().build(config)
+        engine.__class__ = _FailingEngine
+        return engine
