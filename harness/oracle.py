@@ -7,6 +7,8 @@ policy suites say which number the spec asks for.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .protocol import Descriptor, Dispatch, PolicyConfig
 from .vocabulary import ROUTINES, RUNTIME_MODES, lowest, padded
 
@@ -30,6 +32,11 @@ def decode_is_full(mode: str) -> bool:
 
 def capture_sizes(config: PolicyConfig) -> list[int]:
     """The sizes spec section 3 asks for. Raises ValueError where the spec says the config is an error."""
+    return list(_capture_sizes(config))
+
+
+@lru_cache(maxsize=1024)
+def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
     q = config.query_len
     tokens = batched_tokens(config)
     if tokens < config.max_num_seqs:
@@ -65,7 +72,7 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
             if q > top:
                 raise ValueError("no size holds q tokens")
             chosen = {q}
-    return sorted(chosen)
+    return tuple(sorted(chosen))
 
 
 def lora_cases(config: PolicyConfig) -> list[int]:
@@ -82,10 +89,15 @@ def lora_cases(config: PolicyConfig) -> list[int]:
 
 def graph_keys(config: PolicyConfig) -> dict[str, set[Descriptor]]:
     """Every key each runtime mode should hold: {"FULL": {...}, "PIECEWISE": {...}}."""
+    return {mode: set(keys) for mode, keys in _graph_keys(config).items()}
+
+
+@lru_cache(maxsize=1024)
+def _graph_keys(config: PolicyConfig) -> dict[str, frozenset[Descriptor]]:
     mode, q, seqs = config.mode, config.query_len, config.max_num_seqs
     keys: dict[str, set[Descriptor]] = {"FULL": set(), "PIECEWISE": set()}
     if mode == "NONE":
-        return keys
+        return {m: frozenset() for m in keys}
     sizes = capture_sizes(config)
     mixed = {"PIECEWISE": "PIECEWISE", "FULL": "FULL", "FULL_AND_PIECEWISE": "PIECEWISE"}.get(mode)
     for loras in lora_cases(config):
@@ -96,7 +108,7 @@ def graph_keys(config: PolicyConfig) -> dict[str, set[Descriptor]]:
                 keys["PIECEWISE"].add(Descriptor(s, None, False, loras > 0, loras))
             if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") and q <= s <= q * seqs and s % q == 0:
                 keys["FULL"].add(Descriptor(s, s // q, True, loras > 0, loras))
-    return keys
+    return {mode: frozenset(found) for mode, found in keys.items()}
 
 
 def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
@@ -118,7 +130,7 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
     p = padded(sizes, num_tokens)
     if p is None or allowed <= {"NONE"}:
         return eager
-    keys = graph_keys(config)
+    keys = _graph_keys(config)
     loras = active_lora_case(config, num_active_loras)
     q, seqs = config.query_len, config.max_num_seqs
     pair_mode = config.mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")

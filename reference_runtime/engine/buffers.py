@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .attention import Metadata
@@ -94,26 +95,38 @@ def plan_layout(requests: list[Request], allocator: BlockAllocator, num_tokens: 
 
 
 class StaticBuffers:
-    """Inputs of every step at fixed addresses, sized for the largest step."""
+    """Inputs of every step at fixed addresses, sized for the largest step.
+
+    All of them are views into one device tensor, so a step's data travels in one host-to-device
+    copy (values and their destinations, from a pinned host buffer) and lands in one scatter
+    kernel: a decode step's input preparation is two submissions, whatever its size.
+    """
 
     NAMES = ("input_ids", "positions", "slot_mapping", "token_req", "block_tables", "seq_lens", "query_start_loc")
 
     def __init__(self, max_tokens: int, max_rows: int, max_blocks: int, max_model_len: int, device):
-        long = dict(dtype=torch.long, device=device)
         self.max_tokens, self.max_rows, self.max_blocks = max_tokens, max_rows, max_blocks
-        self.input_ids = torch.zeros(max_tokens, **long)
-        self.positions = torch.zeros(max_tokens, **long)
-        self.slot_mapping = torch.full((max_tokens,), -1, **long)
-        self.token_req = torch.zeros(max_tokens, **long)
-        self.block_tables = torch.zeros(max_rows, max_blocks, **long)
-        self.seq_lens = torch.zeros(max_rows, **long)
-        self.query_start_loc = torch.zeros(max_rows + 1, **long)
+        lengths = {"input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
+                   "token_req": max_tokens, "seq_lens": max_rows, "query_start_loc": max_rows + 1,
+                   "block_tables": max_rows * max_blocks}
+        self.offsets, total = {}, 0
+        for name, length in lengths.items():
+            self.offsets[name] = total
+            total += length
+        long = dict(dtype=torch.long, device=device)
+        self.packed = torch.zeros(total, **long)
+        for name, length in lengths.items():
+            setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + length])
+        self.block_tables = self.block_tables.view(max_rows, max_blocks)
+        self.slot_mapping.fill_(-1)
         self.context_window = torch.arange(max_model_len, **long)
-        packed_max = 4 * max_tokens + 2 * max_rows + 1 + max_rows * max_blocks
         cuda = torch.device(device).type == "cuda"
-        self._host_staging = torch.zeros(packed_max, dtype=torch.long, pin_memory=cuda)
-        self._device_staging = torch.zeros(packed_max, **long)
+        # [values; destinations] of one step, at most every slot of the packed tensor.
+        self._host = torch.zeros(2, total, dtype=torch.long, pin_memory=cuda)
+        self._host_np = self._host.numpy()
+        self._device_staging = torch.zeros(2, total, **long)
         self._copy_done = torch.cuda.Event() if cuda else None
+        self._destinations: dict[tuple[int, int], np.ndarray] = {}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -121,42 +134,41 @@ class StaticBuffers:
     def addresses(self) -> dict[str, int]:
         return {name: t.data_ptr() for name, t in self.tensors().items()}
 
-    def load(self, layout: Layout) -> None:
-        """Copy a step's layout into the buffers (in place: the addresses never change).
+    def _where(self, tokens: int, rows: int) -> np.ndarray:
+        """Where a step of `tokens` token rows and `rows` request rows writes in the packed tensor."""
+        key = (tokens, rows)
+        if key not in self._destinations:
+            sizes = {"input_ids": tokens, "positions": tokens, "slot_mapping": tokens, "token_req": tokens,
+                     "seq_lens": rows, "query_start_loc": rows + 1, "block_tables": rows * self.max_blocks}
+            self._destinations[key] = np.concatenate([self.offsets[name] + np.arange(size)
+                                                      for name, size in sizes.items()])
+        return self._destinations[key]
 
-        Everything travels in one packed host tensor and one host-to-device copy; the device
-        then scatters it into the named buffers.
-        """
+    def load(self, layout: Layout) -> None:
+        """Copy a step's layout into the buffers (in place: the addresses never change)."""
         n, rows = layout.num_tokens, layout.num_reqs
         if n > self.max_tokens or rows > self.max_rows:
             raise ValueError(f"a step of {n} tokens in {rows} rows does not fit static buffers of "
                              f"{self.max_tokens} tokens and {self.max_rows} rows")
-        tables = []
-        for table in layout.block_tables:
-            if len(table) > self.max_blocks:
-                raise ValueError(f"a request needs {len(table)} blocks; max_model_len allows {self.max_blocks}")
-            tables += table + [0] * (self.max_blocks - len(table))
-        parts = (layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req, layout.seq_lens,
-                 layout.query_start_loc, tables)
-        packed = [value for part in parts for value in part]
-        staging = self._staging(len(packed))
-        staging.copy_(torch.tensor(packed, dtype=torch.long), non_blocking=False)
-        device = self._device_staging[: len(packed)]
-        device.copy_(staging, non_blocking=True)
+        width = self.max_blocks
+        if any(len(table) > width for table in layout.block_tables):
+            raise ValueError(f"a request needs more than the {width} blocks max_model_len allows")
+        destinations = self._where(n, rows)
+        m = len(destinations)
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the previous step's copy has left the pinned buffer
+        values, where = self._host_np[0], self._host_np[1]
+        tables = np.zeros((rows, width), dtype=np.int64)
+        for row, table in enumerate(layout.block_tables):
+            tables[row, : len(table)] = table
+        values[:m] = np.concatenate([layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req,
+                                     layout.seq_lens, layout.query_start_loc, tables.ravel()])
+        where[:m] = destinations
+        staging = self._device_staging[:, :m]
+        staging.copy_(self._host[:, :m], non_blocking=True)
         if self._copy_done is not None:
             self._copy_done.record()
-        offset = 0
-        for name, part in zip(("input_ids", "positions", "slot_mapping", "token_req", "seq_lens",
-                               "query_start_loc"), parts):
-            getattr(self, name)[: len(part)].copy_(device[offset: offset + len(part)])
-            offset += len(part)
-        self.block_tables[:rows].view(-1).copy_(device[offset:])
-
-    def _staging(self, size: int) -> torch.Tensor:
-        """The host side of the packed copy; pinned on CUDA, and not reused before its copy is done."""
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-        return self._host_staging[:size]
+        self.packed.index_copy_(0, staging[1], staging[0])
 
     def metadata(self, layout_or_key) -> Metadata:
         """Views for a step of num_tokens with the layout's (frozen) shape decisions."""

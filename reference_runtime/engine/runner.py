@@ -251,19 +251,21 @@ class ModelRunner:
         layout = plan_layout(list(requests), self.allocator, size, self.q, self.max_rows, uniform=layout_uniform)
         self.buffers.load(layout)
         self.last_layout = layout
+        if padding_fill is None:
+            return self._execute(layout, mode, key)
         with inspection.padding_filled(self, layout, padding_fill):
             return self._execute(layout, mode, key)
 
     def _execute(self, layout, mode, key) -> StepOutput:
-        n, meta = layout.num_real_tokens, self.buffers.metadata(layout)
+        n = layout.num_real_tokens
         if mode is CUDAGraphMode.FULL:
             graph = self.full_graphs[key]
             graph.replay(self.graph_inputs())
             logits = graph.output
         elif mode is CUDAGraphMode.PIECEWISE:
-            logits = self._run_pieces(meta)
+            logits = self._run_pieces(self.buffers.metadata(layout))
         else:
-            logits = self._forward(meta)
+            logits = self._forward(self.buffers.metadata(layout))
         return StepOutput(logits[:n].clone(), mode.name, n, layout.num_tokens)
 
     def release(self, request_id: int) -> None:
