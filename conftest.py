@@ -1,3 +1,4 @@
+"""Registers the plugin and the reference runtime from a bare checkout (no pip install)."""
 # The plugin and the reference runtime normally arrive through entry points once the project is
 # installed (scripts/install.sh); from a bare checkout they are registered here instead.
 from importlib import metadata
