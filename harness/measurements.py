@@ -65,7 +65,8 @@ def waste_line(sizes: list[int], batch: int = SPEC_WASTE_BATCH) -> str:
 
 
 def latency_rows(run: dict) -> list[dict]:
-    """One row per batch: median step ms per mode, the eager kernel floor, and the ratios."""
+    """One row per batch: median step ms per mode, FULL's pipelined and replay-only figures, the
+    eager kernel floor, and the ratios."""
     by_batch: dict[int, dict] = defaultdict(dict)
     for entry in recorded(run, "latency"):
         if "batch" in entry and "mode" in entry:
@@ -76,11 +77,24 @@ def latency_rows(run: dict) -> list[dict]:
         step = {m: modes[m].get("step_ms_median") if m in modes else None for m in ("eager", "piecewise", "full")}
         # The floor is measured at the FULL step's padded shape, the shape FULL replays.
         source = modes.get("full") or next(iter(modes.values()))
+        full = modes.get("full", {})
         floor = source.get("eager_kernel_ms")
         rows.append({"batch": batch, "padded": source.get("padded"), **step, "floor": floor,
+                     "full_pipelined": full.get("pipelined_ms"), "full_replay": full.get("replay_ms_median"),
+                     "full_cv": full.get("step_ms_cv"),
                      "speedup": step["eager"] / step["full"] if step["eager"] and step["full"] else None,
-                     "full_over_kernel": step["full"] / floor if step["full"] and floor else None})
+                     "full_over_kernel": step["full"] / floor if step["full"] and floor else None,
+                     "pipelined_over_kernel": full.get("pipelined_ms") / floor if full.get("pipelined_ms") and floor
+                     else None,
+                     "replay_over_kernel": full.get("replay_ms_median") / floor if full.get("replay_ms_median") and floor
+                     else None})
     return rows
+
+
+def noise(run: dict) -> dict:
+    """The spread the run measured: median and largest coefficient of variation of its step timings."""
+    cvs = sorted(e["step_ms_cv"] for e in recorded(run, "latency") if e.get("step_ms_cv") is not None)
+    return {"median_cv": cvs[len(cvs) // 2], "largest_cv": cvs[-1], "figures": len(cvs)} if cvs else {}
 
 
 def crossover(rows: list[dict], below: float) -> int | None:
@@ -100,35 +114,38 @@ def batch_invariance_rows(run: dict) -> list[dict]:
     return [buckets[key] for key in sorted(buckets)]
 
 
-def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool]]:
-    """(kind, mode, batch) -> (metric, value, higher_is_worse)."""
+def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool, float]]:
+    """(kind, mode, batch) -> (metric, value, higher_is_worse, coefficient of variation or 0)."""
     found = {}
     for run in runs:
         for e in recorded(run, "latency"):
             if e.get("step_ms_median"):
-                found[("latency", e.get("mode"), e.get("batch"))] = ("step_ms_median", e["step_ms_median"], True)
+                found[("latency", e.get("mode"), e.get("batch"))] = ("step_ms_median", e["step_ms_median"], True,
+                                                                     e.get("step_ms_cv") or 0.0)
         for e in recorded(run, "serving"):
             if e.get("output_tok_s"):
-                found[("serving", e.get("mode"), None)] = ("output_tok_s", e["output_tok_s"], False)
+                found[("serving", e.get("mode"), None)] = ("output_tok_s", e["output_tok_s"], False, 0.0)
     return found
 
 
 def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: float = 0.10) -> list[dict]:
-    """Entries where a current run is worse than the baseline by more than `threshold` (a fraction):
+    """Entries where a current run is worse than the baseline by more than `threshold` (a fraction)
+    and by more than the noise both runs measured (twice their coefficients of variation added):
     latency medians higher, serving throughput lower. Matched by (mode, batch) and by mode."""
     regressions = []
     for run, label in zip(current_runs, run_labels(current_runs)):
         # A baseline of the same runtime is the one to beat; otherwise whatever baseline was given.
         same = [b for b in baseline_runs if b.get("runtime") == run.get("runtime")] or baseline_runs
         baseline = _benchmarks(same)
-        for key, (metric, value, higher_is_worse) in _benchmarks([run]).items():
+        for key, (metric, value, higher_is_worse, cv) in _benchmarks([run]).items():
             if key not in baseline:
                 continue
-            before = baseline[key][1]
+            before, before_cv = baseline[key][1], baseline[key][3]
             change = (value - before) / before if higher_is_worse else (before - value) / before
-            if change > threshold:
+            bar = max(threshold, 2 * (cv + before_cv))
+            if change > bar:
                 regressions.append({"run": label, "kind": key[0], "mode": key[1], "batch": key[2], "metric": metric,
-                                    "baseline": before, "current": value, "change": change})
+                                    "baseline": before, "current": value, "change": change, "bar": bar})
     return regressions
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 # compare and describe_regression are part of this module's interface: the plugin and the CLI use them.
 from .measurements import (batch_invariance_rows, compare, crossover, describe_regression, distinct, latency_rows,
-                           padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
+                           noise, padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
 from .records import ReportFormatError, upgrade
 from .vocabulary import CONFIG_MODES as REQUESTED
 from .vocabulary import SUPPORT_LEVELS as SUPPORTS
@@ -213,30 +213,42 @@ def _launches(entries: list[dict]) -> list[str]:
                    "counted by"], rows)
 
 
-def latency_headline(rows: list[dict]) -> list[str]:
+def latency_headline(rows: list[dict], run: dict | None = None) -> list[str]:
     by_batch = {r["batch"]: r for r in rows}
     speedups = [f"{by_batch[b]['speedup']:.2f}x at batch {b}" for b in (1, 64, 256)
                 if b in by_batch and by_batch[b]["speedup"] is not None]
     lines = [f"- eager / FULL speed-up: {', '.join(speedups)}" if speedups else "- eager / FULL speed-up: not measured"]
-    if 1 in by_batch and by_batch[1]["full_over_kernel"] is not None:
-        lines.append(f"- FULL replay at batch 1 = {by_batch[1]['full_over_kernel']:.2f}x the summed GPU kernel "
-                     "time of an eager step")
+    first = by_batch.get(1)
+    if first and first["full_over_kernel"] is not None:
+        parts = [f"step (then wait) {first['full_over_kernel']:.2f}x"]
+        if first["pipelined_over_kernel"] is not None:
+            parts.append(f"step in a stream {first['pipelined_over_kernel']:.2f}x")
+        if first["replay_over_kernel"] is not None:
+            parts.append(f"graph replay alone {first['replay_over_kernel']:.2f}x")
+        lines.append(f"- FULL at batch 1, against the summed GPU kernel time of an eager step: {', '.join(parts)}")
     for threshold in CROSSOVERS:
         batch = crossover(rows, threshold)
         lines.append(f"- crossover: eager / FULL below {threshold}x " + (f"from batch {batch}" if batch else "not reached"))
+    spread = noise(run) if run else {}
+    if spread:
+        lines.append(f"- noise: coefficient of variation of the step timings, median {100 * spread['median_cv']:.1f}%, "
+                     f"largest {100 * spread['largest_cv']:.1f}% ({spread['figures']} figures); a regression must "
+                     "exceed the threshold and twice the noise")
     return lines
 
 
 def _latency(run: dict, rows: list[dict]) -> list[str]:
     table = [[r["batch"], r["padded"], _num(r["eager"], 3), _num(r["piecewise"], 3), _num(r["full"], 3),
-              _num(r["floor"], 3), _ratio(r["speedup"]), _ratio(r["full_over_kernel"])] for r in rows]
-    lines = [*latency_headline(rows), ""] if rows else []
+              _num(r["full_pipelined"], 3), _num(r["full_replay"], 3), _num(r["floor"], 3), _ratio(r["speedup"]),
+              _ratio(r["full_over_kernel"]), _ratio(r["pipelined_over_kernel"])] for r in rows]
+    lines = [*latency_headline(rows, run), ""] if rows else []
     for check in recorded(run, "batch1_speedup"):
         lines += [f"Batch-1 check: eager {check['eager_ms']:.3f} ms, FULL {check['full_ms']:.3f} ms, "
                   f"{check['speedup']:.2f}x.", ""]
     if rows:
-        lines += _table(["batch", "padded", "eager (ms)", "PIECEWISE (ms)", "FULL (ms)", "eager kernel floor (ms)",
-                         "eager / FULL", "FULL / kernel"], table)
+        lines += _table(["batch", "padded", "eager (ms)", "PIECEWISE (ms)", "FULL (ms)", "FULL in a stream (ms)",
+                         "FULL replay alone (ms)", "eager kernel floor (ms)", "eager / FULL", "FULL / kernel",
+                         "FULL in a stream / kernel"], table)
     return lines
 
 

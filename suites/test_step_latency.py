@@ -2,10 +2,12 @@
 
 A sweep of decode batches from 1 to 256, on capture sizes and between them, for eager, PIECEWISE
 and FULL (FULL_AND_PIECEWISE routes uniform decode to FULL graphs), through pytest-benchmark.
-Each result carries the padded size, the step's median and spread (IQR, coefficient of
-variation), the graph replays alone (timed by the harness on the GPU stream, without preparing
-inputs), the launches the harness counted, and the summed kernel time of an eager step at the
-same shape: the floor a graph can approach. One thing is asserted, because it is robust on a
+Each result carries the padded size; the step's latency (step, then wait for the device) with
+its median and spread (IQR, coefficient of variation); the step's cost in a stream of steps
+(issued back to back, the host preparing a step while the device runs the last one, as an engine
+that does not wait for each step's logits runs); the graph replays alone (timed by the harness on
+the GPU stream, without preparing inputs); the launches the harness counted; and the summed kernel
+time of an eager step at the same shape, the floor a graph can approach. One thing is asserted, because it is robust on a
 noisy machine: a FULL step beats eager at batch 1 by a clear margin.
 
     pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
@@ -70,11 +72,13 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
         per_step = len(times) // ROUNDS
         replay_ms = statistics.median(sum(times[i:i + per_step]) for i in range(0, len(times), per_step)) \
             if per_step else None
+    pipelined_ms = pipelined(engine.engine, requests)
     counted = counting.count(step, "cuda")
     kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
     latency = Latency(mode=mode, batch=batch, padded=out.padded_num_tokens, runtime_mode=out.runtime_mode,
                       step_ms_median=stats.median * 1e3, step_ms_min=stats.min * 1e3, step_ms_iqr=stats.iqr * 1e3,
                       step_ms_cv=stats.stddev / stats.mean if stats.mean else None, replay_ms_median=replay_ms,
+                      pipelined_ms=pipelined_ms,
                       eager_kernel_ms=kernel_us / 1e3, kernel_launches=counted.kernels, graph_launches=counted.graphs,
                       memcpy_calls=counted.copies, rounds=stats.rounds)
     benchmark.extra_info.update(latency.as_dict())
@@ -84,6 +88,19 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
         record(Capture(mode=MODES[mode], preset=bench_engines.preset, graphs=dict(report.graphs),
                        seconds=report.seconds, memory_bytes=report.memory_bytes, graph_backend="cuda",
                        observed_captures=engine.seen_at_capture.captures))
+
+
+def pipelined(engine, requests, steps=ROUNDS, repeats=5) -> float:
+    """Median over repeats of the time per step of `steps` steps issued back to back."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step(requests)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / steps)
+    return statistics.median(times) * 1e3
 
 
 def median_ms(fn, rounds=ROUNDS, warmup=5):

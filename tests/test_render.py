@@ -52,10 +52,11 @@ def latency_tests(series=LATENCY_SERIES, runtime="reference") -> list[dict]:
     tests = []
     for batch, eager, piecewise, full, floor in series:
         for mode, ms in (("eager", eager), ("piecewise", piecewise), ("full", full)):
+            extra = {"pipelined_ms": 0.9 * ms, "replay_ms_median": 0.85 * ms} if mode == "full" else {}
             tests.append(measured("latency", {
                 "mode": mode, "batch": batch, "padded": batch, "runtime_mode": mode.upper(), "kernel_launches": 10,
                 "graph_launches": 1, "memcpy_calls": 2, "eager_kernel_ms": floor, "step_ms_median": ms,
-                "step_ms_min": ms, "rounds": 30,
+                "step_ms_min": ms, "rounds": 30, "step_ms_cv": 0.05 if (mode, batch) == ("eager", 1) else 0.01, **extra,
             }, nodeid=f"suites/test_step_latency.py::test_decode_step_latency[{runtime}-{mode}-b={batch}]"))
     return tests
 
@@ -168,11 +169,15 @@ def test_latency_table_headline_and_crossover(tmp_path):
     markdown = render_runs(tmp_path, run)
 
     assert "- eager / FULL speed-up: 6.00x at batch 1, 2.20x at batch 64, 1.07x at batch 256" in markdown
-    assert "- FULL replay at batch 1 = 1.25x the summed GPU kernel time of an eager step" in markdown  # 1.0 / 0.8
+    # FULL at batch 1: step 1.0, in a stream 0.9, replay 0.85 ms; eager kernels 0.8 ms.
+    assert ("- FULL at batch 1, against the summed GPU kernel time of an eager step: step (then wait) 1.25x, "
+            "step in a stream 1.12x, graph replay alone 1.06x") in markdown
     assert "- crossover: eager / FULL below 1.5x from batch 128" in markdown  # 7.0 / 5.0 = 1.40
     assert "- crossover: eager / FULL below 1.1x from batch 256" in markdown  # 8.0 / 7.5 = 1.07
     assert "Batch-1 check: eager 6.000 ms, FULL 1.000 ms, 6.00x." in markdown
-    assert "| 64 | 64 | 6.600 | 4.600 | 3.000 | 2.700 | 2.20x | 1.11x |" in markdown
+    assert "| 64 | 64 | 6.600 | 4.600 | 3.000 | 2.700 | 2.550 | 2.700 | 2.20x | 1.11x | 1.00x |" in markdown
+    # Coefficients of variation 0.01 and 0.05 in the series: the median of 15 figures is 0.01.
+    assert "- noise: coefficient of variation of the step timings, median 1.0%, largest 5.0% (15 figures)" in markdown
 
 
 def test_crossover_not_reached_when_graphs_always_pay(tmp_path):
@@ -372,3 +377,13 @@ def test_a_missing_baseline_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--baseline", "nope.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--baseline: cannot read run report nope.json*"])
+
+
+def test_a_regression_must_exceed_the_measured_noise():
+    def run(ms, cv):
+        return make_run([measured("latency", {"mode": "full", "batch": 1, "padded": 1, "runtime_mode": "FULL",
+                                              "step_ms_median": ms, "step_ms_min": ms, "step_ms_cv": cv})])
+    # 1.00 -> 1.15 ms is 15% worse: past a 10% threshold, but not past 2 x (0.05 + 0.05) = 20% of noise.
+    assert measurements.compare([run(1.15, 0.05)], [run(1.0, 0.05)], 0.10) == []
+    (regression,) = measurements.compare([run(1.15, 0.0)], [run(1.0, 0.0)], 0.10)
+    assert regression["bar"] == 0.10 and round(regression["change"], 2) == 0.15
