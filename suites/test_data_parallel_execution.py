@@ -224,6 +224,12 @@ class DataParallelRun:
 
 @pytest.fixture(scope="module")
 def dp(runtime, graph_backend):
+    if graph_backend == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            pytest.skip(f"NCCL ranks need one GPU each, and this machine has {torch.cuda.device_count()}: "
+                        "run on two GPUs (scripts/data_parallel_gpu.sh), or on the CPU with gloo")
     return DataParallelRun(runtime, graph_backend)
 
 
