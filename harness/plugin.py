@@ -254,11 +254,7 @@ def graph_backend(pytestconfig):
     c = conformance_of(pytestconfig)
     if c.graph_backend is None:
         pytest.skip(c.no_backend)
-    robustness.pin_worker_to_a_gpu(pytestconfig)
-    if c.graph_backend == "cuda":
-        from .graphs.log import watch_cuda_graphs
-
-        watch_cuda_graphs()  # count every engine's CUDA graphs, not only those made through harness.graphs
+    robustness.share_the_machine(pytestconfig, c.graph_backend)
     return c.graph_backend
 
 

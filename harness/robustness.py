@@ -65,14 +65,18 @@ class Robustness:
             self.poisoned = (item.nodeid, text.splitlines()[0][:200])
 
 
-def pin_worker_to_a_gpu(config) -> None:
-    """Under xdist, worker gwN uses GPU N mod count, so workers do not share one device."""
+def share_the_machine(config, graph_backend: str) -> None:
+    """Under xdist, worker gwN uses GPU N mod count, so workers do not share one device; on the
+    CPU each worker computes on one thread, so N workers do not oversubscribe N cores. The CUDA
+    graph log starts counting as soon as CUDA graphs are the backend."""
+    import torch
+
     worker = getattr(config, "workerinput", {}).get("workerid")
-    if not worker:
-        return
-    try:
-        import torch
-    except ImportError:
-        return
-    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
-        torch.cuda.set_device(int(worker.lstrip("gw")) % torch.cuda.device_count())
+    if graph_backend == "cuda":
+        from .graphs.log import watch_cuda_graphs
+
+        watch_cuda_graphs()
+        if worker and torch.cuda.device_count() > 1:
+            torch.cuda.set_device(int(worker.lstrip("gw")) % torch.cuda.device_count())
+    elif worker:
+        torch.set_num_threads(1)

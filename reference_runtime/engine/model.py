@@ -8,6 +8,7 @@ graph). Weights come from a Hugging Face Llama checkpoint (the harness writes on
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -16,9 +17,11 @@ from torch import nn
 from harness import presets
 
 
+@lru_cache(maxsize=4)
 def load_hf_model(checkpoint: str | None, preset: str, seed: int):
     """The transformers model whose weights the decoder takes: from a checkpoint folder when one
-    is given (the harness hands its own), else the preset's seeded weights."""
+    is given (the harness hands its own), else the preset's seeded weights. Cached: decoders copy
+    the weights, and building a transformers model costs more than the rest of an engine."""
     if checkpoint is None:
         return presets.seeded_model(preset, seed)
     from transformers import LlamaForCausalLM
