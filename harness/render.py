@@ -21,6 +21,7 @@ from typing import NamedTuple
 from .measurements import (batch_invariance_rows, compare, crossover, describe_regression, distinct, latency_rows,
                            noise, padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
 from .records import ReportFormatError, upgrade
+from .safe import describe_exception
 from .vocabulary import CONFIG_MODES as REQUESTED
 from .vocabulary import SUPPORT_LEVELS as SUPPORTS
 
@@ -406,8 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    regressions = compare(runs, baseline, args.threshold) if baseline else None
-    rendered = write_report(runs, args.out, regressions=regressions, threshold=args.threshold, title=args.title)
+    try:
+        regressions = compare(runs, baseline, args.threshold) if baseline else None
+        rendered = write_report(runs, args.out, regressions=regressions, threshold=args.threshold, title=args.title)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        print(f"error: a run report is malformed ({describe_exception(exc)}); write it again with pytest "
+              "--report-dir", file=sys.stderr)
+        return 2
     print(rendered.markdown)
     for regression in rendered.regressions:
         print(f"regression: {describe_regression(regression)}", file=sys.stderr)

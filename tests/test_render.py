@@ -387,3 +387,42 @@ def test_a_regression_must_exceed_the_measured_noise():
     assert measurements.compare([run(1.15, 0.05)], [run(1.0, 0.05)], 0.10) == []
     (regression,) = measurements.compare([run(1.15, 0.0)], [run(1.0, 0.0)], 0.10)
     assert regression["bar"] == 0.10 and round(regression["change"], 2) == 0.15
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threshold", "-0.1"], "--threshold must be a fraction >= 0"),
+    (["--out", "FILE"], "that is a file; name a directory"),
+], ids=["negative-threshold", "out-is-a-file"])
+def test_cli_refuses_bad_options_in_one_line(tmp_path, capsys, args, message):
+    run = write_json(tmp_path / "run.json", make_run([]))
+    (tmp_path / "FILE").write_text("")
+    args = [str(tmp_path / a) if a == "FILE" else a for a in args]
+    assert render.main([run, "--out", str(tmp_path / "out"), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_exits_2_on_a_report_with_malformed_records(tmp_path, capsys):
+    bad = make_run([case("suites/test_padding.py::t[reference]", records=[{"kind": "grid", "config": "c"}])])
+    assert render.main([write_json(tmp_path / "bad.json", bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is malformed" in err and "Traceback" not in err
+
+
+def test_known_failures_and_emulator_figures_are_labelled(tmp_path):
+    run = make_run([case("suites/test_x.py::t[reference]", "xfailed", reason="known failure [never] by design"),
+                    measured("capture", {"mode": "FULL", "preset": "tiny", "graphs": {"FULL": 5}, "seconds": 0.3,
+                                         "memory_bytes": 3 * 2**20, "graph_backend": "emulated"}),
+                    measured("capture", {"mode": "PIECEWISE", "preset": "tiny", "graphs": {"PIECEWISE": 5},
+                                         "seconds": 0.3, "memory_bytes": -4096, "graph_backend": "cuda"})])
+    markdown = render_runs(tmp_path, run)
+    assert "## Known failures" in markdown and "known failure [never] by design" in markdown
+    assert "0.30 (emulator)" in markdown and "3.00 MiB held by emulated graphs (not GPU memory)" in markdown
+    assert "-4096 bytes (not a plausible measurement)" in markdown and "-0.00 GiB" not in markdown
+
+
+def test_report_dir_that_is_a_file_is_a_usage_error(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    (pytester.path / "taken").write_text("")
+    result = pytester.runpytest("--report-dir", "taken")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--report-dir taken: that is a file; name a directory*"])
