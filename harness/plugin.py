@@ -253,6 +253,10 @@ def graph_backend(pytestconfig):
     if c.graph_backend is None:
         pytest.skip(c.no_backend)
     robustness.pin_worker_to_a_gpu(pytestconfig)
+    if c.graph_backend == "cuda":
+        from .graphs.log import watch_cuda_graphs
+
+        watch_cuda_graphs()  # the harness counts every runtime's CUDA graphs itself, before any engine is built
     return c.graph_backend
 
 
