@@ -1,0 +1,294 @@
+"""A real vLLM 0.25 engine on one GPU, driven one exact batch at a time.
+
+Built as vLLM's offline engine builds itself in-process (vllm/v1/engine/core.py
+EngineCore.__init__ and _initialize_kv_caches; vllm/v1/executor/uniproc_executor.py):
+EngineArgs -> VllmConfig, UniProcExecutor (worker, device, model load), a profile run (the
+torch.compile of the model happens here, as in determine_available_memory), KV cache specs and
+configs, initialize_from_config (which resolves the graph mode and makes the V2
+CudaGraphManager). Two things differ, both because this runtime is the scheduler: the KV cache
+has a fixed number of blocks (num_gpu_blocks_override, from EngineConfig.kv_tokens) instead of
+what memory profiling leaves, and graphs are captured by `capture()` (the model runner's
+`capture_model`, what compile_or_warm_up_model calls) rather than at the end of the build.
+
+A step is one `execute_model` + `sample_tokens` of vLLM's V2 model runner with a
+SchedulerOutput this runtime writes (requests.py). Logits are the model's own `compute_logits`
+over the hidden states the runner produced for every real token, read between the two calls.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+from harness import protocol as p
+
+from . import settings
+from .observer import StepObserver
+from .requests import Requests
+
+# Largest |sampled token's logit - row max| accepted when checking that the rows read back are
+# the rows vLLM sampled from (its sampler runs the lm_head on fewer rows, so bits may differ).
+SAMPLE_CHECK = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
+DEFAULT_KV_TOKENS = 4096
+
+
+class EngineError(RuntimeError):
+    """vLLM did something other than what this runtime asked, or the runtime misread it."""
+
+
+class VllmEngine:
+    def __init__(self, config: p.EngineConfig, label: str):
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        self.config, self.label = config, label
+        self._set_config = set_current_vllm_config
+        policy = config.policy
+        # One more position than the harness asks for: after a step the runner writes the sampled
+        # token at index len(tokens) of its per-request token table (input_batch.post_update).
+        args = settings.engine_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
+                                    max_model_len=config.max_model_len + 1)
+        with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"):
+            self.vllm_config = vllm_config = settings.create_vllm_config(args)
+            if not vllm_config.use_v2_model_runner:
+                raise EngineError("vLLM chose its V1 model runner for this config; this runtime drives the V2 runner "
+                                   "(vllm/v1/worker/gpu/model_runner.py) only")
+            with settings.timed(f"  {label}: executor (worker, device, model load)"):
+                self.executor = UniProcExecutor(vllm_config)
+            self.runner = self.executor.driver_worker.worker.model_runner
+            with set_current_vllm_config(vllm_config):
+                specs = self.executor.get_kv_cache_specs()
+                with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
+                    self.runner.profile_run()
+                block_size = self._block_size(specs)
+                kv_tokens = config.kv_tokens or DEFAULT_KV_TOKENS
+                # The null block, the tokens asked for, and one partly filled block per request.
+                num_blocks = 1 + -(-kv_tokens // block_size) + policy.max_num_seqs
+                vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+                register_all_kvcache_specs(vllm_config)
+                kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
+                if kv_configs[0].num_blocks != num_blocks:
+                    raise EngineError(f"vLLM made {kv_configs[0].num_blocks} KV blocks; this runtime asked for {num_blocks}")
+                with settings.timed(f"  {label}: KV cache and graph manager"):
+                    self.executor.collective_rpc("initialize_from_config", args=(kv_configs,))
+        self.build_warnings = tuple(warnings)
+        self.manager = self.runner.cudagraph_manager
+        self.resolved = self.manager.cudagraph_mode.name
+        self.attention = sorted({g.backend.get_name() for groups in self.runner.attn_groups for g in groups})
+        if self.attention != [settings.ATTENTION_BACKEND]:
+            raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
+                               f"{settings.ATTENTION_BACKEND} and declares its graph support only")
+        self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
+        self.kernel_block_size = self.runner.kernel_block_sizes[0]
+        self.requests = Requests(num_blocks, block_size, self.vocab, config.max_model_len, policy.max_num_seqs,
+                                 vllm_config.scheduler_config.max_num_batched_tokens)
+        self.observer = StepObserver(self.runner, self.vocab, config.max_model_len)
+        self.sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+        self.captured: p.CaptureReport | None = None
+        self.last = None
+        self.steps = 0
+        # The harness measures graph memory as free device memory around capture(): leave no cached
+        # blocks of the build behind for capture_model's own empty_cache() to hand back.
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    @staticmethod
+    def _block_size(specs) -> int:
+        sizes = {spec.block_size for worker in specs for spec in worker.values()}
+        if len(sizes) != 1:
+            raise RuntimeError(f"expected one KV block size for a dense Llama, vLLM's specs have {sorted(sizes)}")
+        return sizes.pop()
+
+    # -- capture ------------------------------------------------------------------------------
+    def capture(self) -> p.CaptureReport:
+        from vllm.compilation.counter import compilation_counter
+
+        if self.captured is not None:
+            raise RuntimeError("capture() already ran for this engine: vLLM captures once, at engine start, "
+                               "and the capture phase is over")
+        captured_before, full_before = compilation_counter.num_cudagraph_captured, len(self.manager.graphs)
+        self.observer.start()  # capture runs the piecewise path too: keep it off the last step's record
+        with settings.timed(f"capture {self.label}"):
+            start = time.perf_counter()
+            with self._set_config(self.vllm_config):
+                memory = self.runner.capture_model()  # vLLM's own measure: free memory before minus after
+            seconds = time.perf_counter() - start
+        full = len(self.manager.graphs) - full_before
+        piecewise = compilation_counter.num_cudagraph_captured - captured_before - full
+        graphs = {mode: count for mode, count in (("PIECEWISE", piecewise), ("FULL", full)) if count}
+        order = [(desc.cg_mode.name, desc.num_tokens) for mode in ("PIECEWISE", "FULL")
+                 for desc in self._capture_descs(mode)]
+        self.captured = p.CaptureReport(graphs, seconds, int(memory), order)
+        settings.event(f"captured {self.label}: {graphs} in {seconds:.2f}s, {int(memory) / 2**20:.1f} MiB (vLLM's "
+                       f"measure); sizes {[n for _, n in order]}")
+        return self.captured
+
+    def _capture_descs(self, mode: str) -> list:
+        """vLLM's own capture list for a mode, largest first (CudaGraphManager._init_candidates)."""
+        return next((descs for key, descs in self.manager._capture_descs.items() if key.name == mode), [])
+
+    def sizes_with_graphs(self) -> list[int]:
+        return sorted({d.num_tokens for descs in self.manager._capture_descs.values() for d in descs})
+
+    # -- steps --------------------------------------------------------------------------------
+    def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
+        if padding_fill not in (None, "zeros", "random"):
+            raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
+                             f"positions), not {padding_fill!r}: its padded inputs are integers")
+        return self._run(list(requests), padding_fill=padding_fill)
+
+    def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
+        requests = list(requests)
+        tokens = sum(len(r.token_ids) for r in requests)
+        limit = self.vllm_config.scheduler_config.max_num_batched_tokens
+        if not tokens <= padded_num_tokens <= limit:
+            raise ValueError(f"eager_step at {padded_num_tokens} tokens: it must hold the step's {tokens} tokens and "
+                             f"fit vLLM's static buffers of max_num_batched_tokens={limit}")
+        return self._run(requests, eager_size=padded_num_tokens)
+
+    def _run(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+        import torch
+
+        planned = self.requests.plan(requests)
+        output = self._scheduler_output(planned)
+        record = self.observer.start(eager_size=eager_size, fill=padding_fill)
+        first = self.steps == 0
+        start = time.perf_counter()
+        try:
+            with self._set_config(self.vllm_config):
+                self.executor.execute_model(output)
+                state = self.runner.execute_model_state
+                if state is None:
+                    raise EngineError("vLLM's model runner left no execute_model_state after execute_model")
+                rows = self._rows(state.input_batch, planned)
+                with torch.inference_mode():
+                    index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
+                    logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
+                sampled = self.executor.sample_tokens(None)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"vLLM failed on a step of {len(requests)} requests ({sum(q.num_new for q in planned)} "
+                               f"tokens): {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.observer.stop()
+        self.requests.commit(planned)
+        self.steps += 1
+        padded = state.input_batch.num_tokens_after_padding
+        self._check(record, padded, planned, rows, logits, sampled)
+        self.last = record
+        if first:
+            settings.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at {padded})")
+        return p.StepResult(logits, record.path, sum(q.num_new for q in planned), padded)
+
+    def _scheduler_output(self, planned):
+        """The SchedulerOutput vLLM's scheduler would send for these requests if each were resumed
+        with its tokens so far (vllm/v1/core/sched/output.py; V2's own warm-up builds them the same
+        way, vllm/v1/worker/gpu/warmup.py)."""
+        from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+        output = SchedulerOutput.make_empty()
+        output.scheduled_new_reqs = [
+            NewRequestData(req_id=q.vllm_id, prompt_token_ids=list(q.all_tokens), mm_features=[],
+                           sampling_params=self.sampling, pooling_params=None, block_ids=(list(q.blocks),),
+                           num_computed_tokens=q.context_len, lora_request=None, prefill_token_ids=list(q.all_tokens))
+            for q in planned]
+        output.num_scheduled_tokens = {q.vllm_id: q.num_new for q in planned}
+        output.total_num_scheduled_tokens = sum(q.num_new for q in planned)
+        output.num_common_prefix_blocks = [0]
+        output.finished_req_ids = self.requests.take_finished()
+        return output
+
+    @staticmethod
+    def _rows(batch, planned):
+        """Each request's rows in the runner's batch (V2 orders requests by token count)."""
+        where = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+        starts = batch.query_start_loc_np
+        rows = []
+        for q in planned:
+            if q.vllm_id not in where:
+                raise EngineError(f"vLLM's batch has no request {q.vllm_id}; it ran {batch.req_ids}")
+            i = where[q.vllm_id]
+            span = range(int(starts[i]), int(starts[i + 1]))
+            if len(span) != q.num_new:
+                raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
+            rows.append((q, span))
+        return rows
+
+    def _check(self, record, padded, planned, rows, logits, sampled) -> None:
+        """Fail loudly where vLLM did not run what this runtime asked, or where the runtime misread it."""
+        ran = record.ran
+        if ran is None:
+            raise EngineError("vLLM's CUDA-graph dispatcher was not called during the step")
+        if ran.cg_mode.name != record.path or ran.num_tokens != padded:
+            raise EngineError(f"vLLM's dispatcher chose {ran.cg_mode.name} at {ran.num_tokens} tokens, but the forward "
+                               f"took the {record.path} path at {padded}")
+        slots = record.slot_mapping.tolist()
+        for q, span in rows:
+            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
+            if slots[span.start:span.stop] != want:
+                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
+                                   f"runtime's block bookkeeping says {want}")
+        by_id = dict(zip(sampled.req_ids, sampled.sampled_token_ids))
+        row, bad = 0, []
+        tolerance = SAMPLE_CHECK.get(self.config.dtype, 0.25)
+        for q, span in rows:
+            row += len(span)
+            tokens = by_id.get(q.vllm_id) or []
+            if tokens:
+                last = logits[row - 1].float()
+                gap = float(last.max() - last[tokens[-1]])
+                if gap > tolerance:
+                    bad.append((q.vllm_id, tokens[-1], int(last.argmax()), round(gap, 4)))
+        if bad:
+            raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
+                               f"(request, sampled, argmax, gap): {bad}: the rows were misread")
+
+    # -- inspection ---------------------------------------------------------------------------
+    def release(self, request_id: int) -> None:
+        self.requests.release(request_id)
+
+    def static_buffer_addresses(self) -> dict[str, int]:
+        buffers, tables = self.runner.input_buffers, self.runner.block_tables
+        return {"input_ids": buffers.input_ids.data_ptr(), "positions": buffers.positions.data_ptr(),
+                "query_start_loc": buffers.query_start_loc.data_ptr(), "seq_lens": buffers.seq_lens.data_ptr(),
+                "block_table": tables.input_block_tables[0].data_ptr(), "slot_mapping": tables.slot_mappings.data_ptr()}
+
+    def kv_snapshot(self):
+        """Every KV slot of every layer, slot first: [num_blocks * block_size, layers * 2 * heads * dim]."""
+        import torch
+
+        torch.cuda.synchronize()
+        parts = []
+        for kv in self.runner.kv_caches:
+            # Triton attention: (num_blocks, 2, block_size, kv_heads, head_size) (get_kv_cache_shape).
+            if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[1] != 2 \
+                    or kv.shape[2] != self.kernel_block_size:
+                raise RuntimeError(f"unexpected KV cache layout {getattr(kv, 'shape', type(kv))}; expected "
+                                   f"(blocks, 2, {self.kernel_block_size}, heads, head_size)")
+            parts.append(kv.permute(0, 2, 1, 3, 4).reshape(kv.shape[0] * kv.shape[2], -1))
+        return torch.cat(parts, dim=1).cpu()
+
+    def slot_of(self, request_id: int, position: int) -> int:
+        return self.requests.slot(request_id, position, self.kernel_block_size)
+
+    def last_step_inputs(self) -> p.StepInputs:
+        from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+        if self.last is None:
+            raise RuntimeError("no step has run yet")
+        return p.StepInputs(self.last.token_ids, self.last.positions, self.last.slot_mapping, PAD_SLOT_ID)
+
+    def describe(self) -> dict:
+        """What vLLM itself reports about this engine (for logs)."""
+        cc = self.vllm_config.compilation_config
+        return {"requested": self.config.policy.mode, "resolved": self.resolved, "compilation_mode": str(cc.mode),
+                "config_capture_sizes": list(cc.cudagraph_capture_sizes or []), "sizes_with_graphs": self.sizes_with_graphs(),
+                "attention": self.attention, "block_size": self.requests.block_size,
+                "kernel_block_size": self.kernel_block_size, "num_blocks": self.num_blocks,
+                "model_runner": type(self.runner).__module__, "dtype": str(self.vllm_config.model_config.dtype),
+                "max_num_batched_tokens": self.vllm_config.scheduler_config.max_num_batched_tokens,
+                "warnings": list(self.build_warnings)}

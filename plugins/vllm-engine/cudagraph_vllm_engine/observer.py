@@ -1,0 +1,100 @@
+"""What vLLM itself did in one execute_model call, seen from inside the process.
+
+Three instance attributes of the V2 model runner are wrapped (each calls straight through):
+
+- `cudagraph_manager.dispatch`: the BatchExecutionDescriptor vLLM's dispatcher chose. For an
+  eager reference step the runtime may replace it with an eager descriptor of a given size.
+- `cudagraph_manager.run_fullgraph` / `run_pw_graph`: which path the forward took. The model
+  runner calls the first for FULL and the second for PIECEWISE (vllm/v1/worker/gpu/
+  model_runner.py, execute_model); an eager forward calls neither.
+- `prepare_attn`: called right after `prepare_inputs` has filled the static input buffers and
+  before the forward; here the padded rows can be filled on request and the inputs (token ids,
+  positions, the slot mapping vLLM computed) are copied for inspection.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class StepRecord:
+    dispatched: object | None = None  # what vLLM's dispatcher returned
+    ran: object | None = None  # the descriptor execute_model used (dispatched, or the forced eager one)
+    path: str = "NONE"  # FULL: run_fullgraph; PIECEWISE: run_pw_graph; NONE: neither
+    token_ids: object | None = None  # [padded] copies of the static inputs as the forward saw them
+    positions: object | None = None
+    slot_mapping: object | None = None
+
+
+class StepObserver:
+    def __init__(self, runner, vocab_size: int, max_model_len: int):
+        self.runner = runner
+        self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        self.record = StepRecord()
+        self.eager_size: int | None = None  # set by eager_step: run eager at this many tokens
+        self.fill: str | None = None  # set by step(padding_fill=...)
+        self._fills = 0
+        manager = runner.cudagraph_manager
+        real_dispatch, real_full, real_piecewise = manager.dispatch, manager.run_fullgraph, manager.run_pw_graph
+        real_prepare_attn = runner.prepare_attn
+
+        def dispatch(*args, **kwargs):
+            desc = real_dispatch(*args, **kwargs)
+            self.record.dispatched = desc
+            if self.eager_size is not None:
+                desc = self._eager(desc)
+            self.record.ran = desc
+            return desc
+
+        def run_fullgraph(desc):
+            self.record.path = "FULL"
+            return real_full(desc)
+
+        def run_pw_graph(model, model_inputs):
+            self.record.path = "PIECEWISE"
+            return real_piecewise(model, model_inputs)
+
+        def prepare_attn(input_batch):
+            result = real_prepare_attn(input_batch)
+            self._inputs(input_batch, result[1])
+            return result
+
+        manager.dispatch, manager.run_fullgraph, manager.run_pw_graph = dispatch, run_fullgraph, run_pw_graph
+        runner.prepare_attn = prepare_attn
+
+    def start(self, eager_size: int | None = None, fill: str | None = None) -> StepRecord:
+        self.record, self.eager_size, self.fill = StepRecord(), eager_size, fill
+        return self.record
+
+    def stop(self) -> None:
+        self.eager_size = self.fill = None
+
+    def _eager(self, desc):
+        """An eager descriptor at the requested size, with the request padding the graph of that
+        size would use (so the eager reference runs the graph step's exact shape)."""
+        eager = type(desc.cg_mode).NONE  # vLLM's CUDAGraphMode, taken from the descriptor itself
+        size = self.eager_size
+        # None: no request padding (the model runner then uses the real request count).
+        num_reqs = desc.num_reqs if desc.cg_mode != eager and desc.num_tokens == size else None
+        return dataclasses.replace(desc, cg_mode=eager, num_tokens=size, num_reqs=num_reqs, uniform_token_count=None)
+
+    def _inputs(self, input_batch, slot_mappings) -> None:
+        import torch
+
+        real, padded = input_batch.num_tokens, input_batch.num_tokens_after_padding
+        buffers = self.runner.input_buffers
+        if self.fill is not None and padded > real:
+            rows = padded - real
+            if self.fill == "zeros":
+                buffers.input_ids[real:padded].zero_()
+                buffers.positions[real:padded].zero_()
+            else:  # "random": valid ids and positions, different on every call
+                self._fills += 1
+                generator = torch.Generator(device=buffers.input_ids.device).manual_seed(self._fills)
+                buffers.input_ids[real:padded].copy_(torch.randint(0, self.vocab_size, (rows,), generator=generator,
+                                                                   device=buffers.input_ids.device))
+                buffers.positions[real:padded].copy_(torch.randint(0, self.max_model_len, (rows,), generator=generator,
+                                                                   device=buffers.positions.device))
+        self.record.token_ids = buffers.input_ids[:padded].clone()
+        self.record.positions = buffers.positions[:padded].clone()
+        self.record.slot_mapping = slot_mappings[0][:padded].clone()

@@ -1,0 +1,105 @@
+"""The `vllm-engine` runtime: vLLM 0.25's own engine (V2 model runner, Triton attention, one
+GPU, in this process) behind the harness protocol.
+
+- Policy (capture_sizes, padded_size, dispatch, resolve_mode): vLLM's own code for the config
+  (policy.py), the V2 runner's rules, no engine needed.
+- Execution (build): a real engine on the harness's checkpoint (engine.py), its graphs captured
+  by vLLM's capture_model, each step an exact batch this runtime schedules, the mode and padded
+  size of every step read from vLLM's dispatcher and from the path its forward took.
+
+vLLM is imported when the runtime is made, never at import time, so listing runtimes stays
+cheap where vLLM is absent (CI).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from harness import protocol as p
+
+from . import __version__, settings
+
+KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
+NOTES = ("vLLM {vllm} V2 model runner, in-process, {backend} attention; this runtime is the scheduler: each step "
+         "re-sends every scheduled request as a resumed request with its tokens (NewRequestData), so a step runs "
+         "exactly the harness's batch; logits: the model's compute_logits on the hidden states the runner produced, "
+         "every real token, raw (not log-softmax); eager_step: the same engine with vLLM's dispatcher forced to NONE "
+         "at the padded shape (same compiled kernels, no graph); config mode NONE: enforce_eager (no torch.compile); "
+         "q = 1 only; sizes are the device's (PolicyConfig.platform_max is not used); padded-row fills: zeros or "
+         "random valid ids and positions (the padded inputs are integers)")
+
+
+class VllmEngineRuntime:
+    name = "vllm-engine"
+    known_failures = str(KNOWN_FAILURES)
+
+    def __init__(self):
+        settings.apply_environment()
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
+        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
+
+        from .policy import VllmPolicy
+
+        self.policy = VllmPolicy()
+        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner)"
+        self.capabilities = p.Capabilities(
+            capture_sizes=True, dispatch=True, mode_resolution=True,
+            execution=True, graph_backends=("cuda",),
+            attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
+            padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
+            outputs_alias_graph_buffers=False,
+            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND),
+        )
+        self.engines_built = 0
+
+    # -- policy: vLLM's own answers ---------------------------------------------------------
+    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
+        return self.policy.capture_sizes(config)
+
+    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+        return self.policy.padded_size(config, num_tokens)
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+
+    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
+        return self.policy.resolve_mode(request)
+
+    # -- execution --------------------------------------------------------------------------
+    def build(self, config: p.EngineConfig):
+        from .engine import VllmEngine
+
+        self._check_config(config)
+        expected = self.policy.answer(config.policy)  # raises ValueError where vLLM rejects the config
+        self.engines_built += 1
+        policy = config.policy
+        label = (f"engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
+                 f"tokens={policy.max_num_batched_tokens}")
+        engine = VllmEngine(config, label)
+        sizes = engine.sizes_with_graphs() if engine.resolved != "NONE" else []
+        if (engine.resolved, sizes) != (expected.mode, list(expected.sizes)):
+            raise RuntimeError(f"{label}: vLLM's engine resolved {engine.resolved} with graphs at {sizes}, but this "
+                               f"runtime's policy answer for the same config is {expected.mode} at {list(expected.sizes)}: "
+                               "the policy questions would be answered for another engine")
+        engine.resolution = p.Resolution(policy.mode, engine.resolved, engine.build_warnings)
+        if engine.resolved != policy.mode:
+            for message in engine.build_warnings:
+                warnings.warn(f"vLLM: {message}", stacklevel=2)
+        return engine
+
+    def _check_config(self, config: p.EngineConfig) -> None:
+        if config.graph_backend != "cuda" or not str(config.device).startswith("cuda"):
+            raise ValueError(f"vllm-engine runs CUDA graphs on a GPU; got graph_backend={config.graph_backend!r}, "
+                             f"device={config.device!r}")
+        if not config.checkpoint:
+            raise ValueError("vllm-engine loads a Hugging Face checkpoint: EngineConfig.checkpoint must be a folder")
+        if config.data_parallel is not None:
+            raise ValueError("vllm-engine runs one rank; data_parallel is not supported")
+        attention = set(config.attention_backends or (settings.ATTENTION_BACKEND,))
+        if attention != {settings.ATTENTION_BACKEND}:
+            raise ValueError(f"vllm-engine runs the {settings.ATTENTION_BACKEND} backend only; asked for {sorted(attention)}")
+        if config.policy.mode not in p.CONFIG_MODES:
+            raise ValueError(f"unknown config mode {config.policy.mode!r}; expected one of {', '.join(p.CONFIG_MODES)}")

@@ -1,0 +1,135 @@
+"""The vLLM settings this runtime runs with, in one place: the environment set before vLLM is
+imported, the EngineArgs every engine and every policy answer is built from, and the event log.
+
+vLLM reads most of its environment at import, so `apply_environment()` runs before the first
+`import vllm` (runtime.py, smoke.py). Values are defaults: a variable already set wins.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ENVIRONMENT = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # everything in this process (we drive the executor ourselves)
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not carried to the GPU machine
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",  # the checkpoint is a local folder; the GPU machine has no network
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "NCCL_NVLS_ENABLE": "0",  # NVLink multicast stays off on the lent machines
+    "VLLM_CACHE_ROOT": "/tmp/vllm_cache",  # shared by the smoke stage and the suites: compile caches carry over
+}
+ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
+GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
+USAGE_CONTEXT = "LLM_CLASS"  # the offline engine's defaults (max_num_batched_tokens when None)
+EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
+
+_log = logging.getLogger("cudagraph_vllm_engine")
+
+
+def apply_environment() -> None:
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+def event(message: str) -> None:
+    """One line about a stage (build, capture, a failure), to the log and to the events file, so a
+    GPU run that dies still says how far it got and how long each stage took."""
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    _log.info(line)
+    path = os.environ.get(EVENTS_VARIABLE)
+    if path:
+        try:
+            with open(path, "a") as handle:
+                handle.write(line + "\n")
+        except OSError as exc:  # the log is a help, never a reason to fail a test
+            print(f"cudagraph_vllm_engine: cannot append to {path}: {exc}", file=sys.stderr)
+
+
+@contextmanager
+def timed(what: str):
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException as exc:
+        event(f"FAILED {what} after {time.perf_counter() - start:.1f}s: {type(exc).__name__}: {exc}")
+        raise
+    event(f"{what}: {time.perf_counter() - start:.1f}s")
+
+
+def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,
+                max_model_len: int | None = None, num_blocks: int | None = None, compilation: dict | None = None):
+    """vLLM's EngineArgs for a model folder and a harness PolicyConfig. Raises ValueError for what
+    this runtime does not drive (speculative decoding, LoRA)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    if policy.num_speculative_tokens:
+        raise ValueError(f"vllm-engine drives q = 1 steps only; num_speculative_tokens={policy.num_speculative_tokens} "
+                         "needs a draft model this runtime does not load")
+    if policy.max_loras:
+        raise ValueError(f"vllm-engine loads no LoRA adapters; max_loras={policy.max_loras} is not supported")
+    kwargs = dict(model=str(model), skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                  max_num_seqs=policy.max_num_seqs, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+                  enable_prefix_caching=False,  # this runtime is the scheduler: every step names its tokens
+                  async_scheduling=False, disable_log_stats=True,
+                  attention_config={"backend": ATTENTION_BACKEND})
+    if policy.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = policy.max_num_batched_tokens
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if num_blocks is not None:
+        kwargs["num_gpu_blocks_override"] = num_blocks
+    if policy.mode == "NONE":
+        kwargs["enforce_eager"] = True  # vLLM's -O0: no torch.compile, no graphs
+    else:
+        options = {"cudagraph_mode": policy.mode, **(compilation or {})}
+        if policy.capture_sizes is not None:
+            options["cudagraph_capture_sizes"] = list(policy.capture_sizes)
+        if policy.max_capture_size is not None:
+            options["max_cudagraph_capture_size"] = policy.max_capture_size
+        kwargs["compilation_config"] = options
+    return EngineArgs(**kwargs)
+
+
+def create_vllm_config(args):
+    """EngineArgs -> VllmConfig as the offline LLM class makes it; vLLM's config assertions and
+    validation errors become ValueError (the protocol's rejection)."""
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        return args.create_engine_config(usage_context=UsageContext[USAGE_CONTEXT])
+    except AssertionError as exc:
+        raise ValueError(f"vLLM rejects the config: {exc}") from exc
+
+
+class CudagraphWarnings(logging.Handler):
+    """vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it is active."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "cudagraph" in message.lower() and message not in self.messages:
+            self.messages.append(message)
+
+
+@contextmanager
+def collect_cudagraph_warnings():
+    from vllm import logger as vllm_logger
+
+    clear = getattr(getattr(vllm_logger, "_print_warning_once", None), "cache_clear", None)
+    if clear:
+        clear()  # each question is a fresh vLLM start: warn_once must warn again
+    handler = CudagraphWarnings()
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)

@@ -1,0 +1,132 @@
+"""The smoke stage of the GPU run: every config mode built once through the runtime, exactly as
+the suites build them (so the compile caches it leaves are the suites' too), captured, and driven
+through a short generation. It prints SMOKE lines with what vLLM reported: the resolved mode and
+the sizes with graphs, the graphs captured (vLLM's count and the harness's), and per step the
+mode and padded size vLLM ran, the graph launches the harness counted, what the runtime's own
+policy says the step should have run, the largest difference from transformers' forward over the
+same checkpoint, and from an eager step of the same engine at the same shape.
+
+    python -m cudagraph_vllm_engine.smoke [--modes NONE,PIECEWISE,FULL,FULL_DECODE_ONLY,FULL_AND_PIECEWISE]
+
+Numbers are reported, not judged (the suites judge); the exit status is 0 when every mode built
+and ran.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from dataclasses import replace
+
+from . import settings
+
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def say(*parts) -> None:
+    print("SMOKE", *parts, flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--dtype", default="float32", help="the suites' engines are float32")
+    args = parser.parse_args(argv)
+    settings.apply_environment()
+    start = time.perf_counter()
+    import torch
+
+    from harness import presets
+    from harness.anchor import Anchor
+    from harness.graphs.log import watch_cuda_graphs
+
+    from .runtime import VllmEngineRuntime
+
+    watch_cuda_graphs()
+    with settings.timed("smoke: runtime (imports vLLM)"):
+        runtime = VllmEngineRuntime()
+    say(f"runtime {runtime.name} {runtime.version}; torch {torch.__version__}; {torch.cuda.get_device_name(0)}")
+    say(f"capabilities: {runtime.capabilities.summary()}")
+    checkpoint = str(presets.checkpoint("tiny"))
+    anchor = Anchor(checkpoint, device="cuda")
+    failed = []
+    for mode in [m for m in args.modes.split(",") if m]:
+        try:
+            run_mode(runtime, anchor, checkpoint, mode, args.dtype)
+        except Exception:
+            failed.append(mode)
+            say(f"mode={mode} FAILED")
+            print(traceback.format_exc(), flush=True)
+    say(f"done in {time.perf_counter() - start:.1f}s; modes failed: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+def engine_config(checkpoint: str, mode: str, dtype: str):
+    """The config the suites' EngineFactory makes for this mode (harness/observe.py)."""
+    from harness.protocol import EngineConfig, PolicyConfig
+
+    return EngineConfig(preset="tiny", dtype=dtype, device="cuda", graph_backend="cuda",
+                        policy=PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64, mode=mode),
+                        attention_backends=(settings.ATTENTION_BACKEND,), max_model_len=128, kv_tokens=1024,
+                        checkpoint=checkpoint)
+
+
+def run_mode(runtime, anchor, checkpoint: str, mode: str, dtype: str) -> None:
+    import torch
+
+    from harness.anchor import TOLERANCE
+    from harness.batches import prompt
+    from harness.graphs.log import LOG
+    from harness.protocol import Request
+
+    config = engine_config(checkpoint, mode, dtype)
+    started = time.perf_counter()
+    engine = runtime.build(config)
+    say(f"mode={mode} built in {time.perf_counter() - started:.1f}s: {engine.describe()}")
+    if mode != "NONE":
+        before = LOG.snapshot()
+        report = engine.capture()
+        seen = LOG.since(before)
+        say(f"mode={mode} capture: vLLM counted {dict(report.graphs)}, the harness saw {seen.captures} captures; "
+            f"{report.seconds:.2f}s, {report.memory_bytes / 2**20:.1f} MiB; order {list(report.order)}")
+    policy = replace(config.policy, mode=engine.resolution.resolved)
+    history: dict[int, list[int]] = {}
+    following: dict[int, int] = {}
+    plan = [("prefill", [(1, 5), (2, 11), (3, 3)]), ("decode", []), ("decode", []), ("decode", []),
+            ("mixed", [(4, 2)]), ("decode", [])]
+    worst_anchor, eager_equal, ran = 0.0, 0, []
+    for number, (kind, new) in enumerate(plan):
+        requests = [Request(i, (following[i],), len(history[i])) for i in sorted(history)]
+        requests += [Request(i, prompt(i, n), 0) for i, n in new]
+        tokens = sum(len(r.token_ids) for r in requests)
+        uniform = all(len(r.token_ids) == 1 for r in requests)
+        before = LOG.snapshot()
+        out = engine.step(requests)
+        launches = LOG.since(before).replays
+        expected = anchor.step(requests, history)
+        got = out.logits.float().cpu()
+        anchor_diff = float((got - expected).abs().max())
+        eager = engine.eager_step(requests, out.padded_num_tokens)
+        same = torch.equal(out.logits, eager.logits)
+        eager_diff = float((out.logits.double() - eager.logits.double()).abs().max())
+        own = runtime.dispatch(policy, tokens, len(requests), uniform)
+        worst_anchor, eager_equal = max(worst_anchor, anchor_diff), eager_equal + same
+        ran.append(f"{out.runtime_mode}@{out.padded_num_tokens}")
+        say(f"mode={mode} step={number} {kind}: {len(requests)} requests, {tokens} tokens -> ran {out.runtime_mode} at "
+            f"{out.padded_num_tokens} (own policy: {own.runtime_mode} at {own.descriptor.num_tokens}); graph launches "
+            f"{launches}; |logits - transformers| max {anchor_diff:.3g}; eager at the same shape: "
+            f"{'bit-equal' if same else f'differs, max {eager_diff:.3g}'}")
+        row = 0
+        for r in requests:
+            history[r.request_id] = history.get(r.request_id, []) + list(r.token_ids)
+            row += len(r.token_ids)
+            following[r.request_id] = int(expected[row - 1].argmax())
+    for request_id in history:
+        engine.release(request_id)
+    say(f"mode={mode} summary: ran {ran}; largest difference from transformers {worst_anchor:.3g} "
+        f"(the anchor suite's {dtype} tolerance: {TOLERANCE[dtype]:g}); eager bit-equal in {eager_equal}/{len(plan)} steps")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The vllm-engine runtime's own logic, on any machine (no vLLM, no GPU): its scheduler state
+(requests.py), the observer that reads what vLLM ran (observer.py, on a stand-in model runner),
+the checks that fail a step loudly (engine.py), and the runtime's refusal to start without a GPU.
+What only a GPU with vLLM can show is in test_vllm_engine_gpu.py."""
+import enum
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from harness.protocol import Request  # noqa: E402
+
+from cudagraph_vllm_engine.engine import EngineError, VllmEngine  # noqa: E402
+from cudagraph_vllm_engine.observer import StepObserver  # noqa: E402
+from cudagraph_vllm_engine.requests import Requests  # noqa: E402
+
+
+def make_requests(num_blocks=9, block_size=16, max_seqs=4, max_tokens=64):
+    return Requests(num_blocks, block_size, vocab=256, max_len=128, max_seqs=max_seqs, max_tokens=max_tokens)
+
+
+# -- the scheduler state ----------------------------------------------------------------------
+def test_blocks_cover_the_tokens_and_block_0_is_never_handed_out():
+    state = make_requests()
+    planned = state.plan([Request(1, tuple(range(1, 18)), 0), Request(2, (5,), 0)])
+    assert [len(p.blocks) for p in planned] == [2, 1]  # 17 tokens need two blocks of 16
+    assert 0 not in {b for p in planned for b in p.blocks}
+    assert len({b for p in planned for b in p.blocks}) == 3
+
+
+def test_a_step_rewinds_to_its_context_and_keeps_its_blocks():
+    state = make_requests()
+    state.commit(state.plan([Request(1, (3, 4, 5), 0)]))
+    state.commit(state.plan([Request(1, (6,), 3)]))
+    rerun = state.plan([Request(1, (7,), 3)])[0]  # the same position again: an eager step after a graph step
+    assert rerun.all_tokens == (3, 4, 5, 7) and rerun.context_len == 3 and rerun.num_new == 1
+    assert rerun.blocks == tuple(state.live[1].blocks)
+
+
+def test_slots_follow_vllms_block_table_expanded_to_kernel_blocks():
+    state = make_requests()
+    state.plan([Request(1, tuple(range(1, 40)), 0)])
+    blocks = state.live[1].blocks
+    assert state.slot(1, 0, 16) == blocks[0] * 16
+    assert state.slot(1, 17, 16) == blocks[1] * 16 + 1
+    # Kernel blocks of 8 inside blocks of 16: block b is kernel blocks 2b and 2b+1.
+    assert state.slot(1, 9, 8) == (blocks[0] * 2 + 1) * 8 + 1
+    with pytest.raises(ValueError, match="positions"):
+        state.slot(1, 48, 16)
+
+
+def test_release_frees_blocks_and_tells_the_runner_on_the_next_step():
+    state = make_requests()
+    state.commit(state.plan([Request(1, tuple(range(1, 33)), 0)]))
+    free = len(state.free)
+    state.release(1)
+    assert len(state.free) == free + 2 and state.take_finished() == {"req-1"} and state.take_finished() == set()
+    with pytest.raises(ValueError, match="not live"):
+        state.slot(1, 0, 16)
+
+
+@pytest.mark.parametrize("requests,message", [
+    ([Request(1, (1,), 2)], "says 2 tokens are cached"),
+    ([Request(1, (300,), 0)], "outside the vocabulary"),
+    ([Request(1, (1,), 0), Request(1, (2,), 0)], "appears twice"),
+    ([Request(1, tuple([1] * 65), 0)], "max_num_batched_tokens"),
+    ([Request(i, (1,), 0) for i in range(5)], "max_num_seqs"),
+    ([Request(1, (), 0)], "no tokens"),
+])
+def test_a_step_vllms_scheduler_could_not_produce_is_refused(requests, message):
+    with pytest.raises(ValueError, match=message):
+        make_requests().plan(requests)
+
+
+def test_a_full_kv_cache_is_a_runtime_error_and_the_failed_step_takes_nothing():
+    state = make_requests(num_blocks=4)  # 3 usable blocks
+    state.commit(state.plan([Request(1, tuple(range(1, 17)), 0)]))
+    free = list(state.free)
+    with pytest.raises(RuntimeError, match="KV cache is full"):
+        state.plan([Request(2, tuple(range(1, 17)), 0), Request(3, tuple(range(1, 33)), 0)])
+    assert state.free == free and set(state.live) == {1}
+
+
+# -- the observer, on a stand-in model runner --------------------------------------------------
+class Mode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+@dataclass(frozen=True)
+class Desc:  # the fields of vLLM's BatchExecutionDescriptor
+    cg_mode: Mode
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None = None
+    num_active_loras: int = 0
+
+
+class StandInRunner:
+    """The four attributes the observer wraps, and the input buffers it reads."""
+
+    def __init__(self, desc):
+        self.input_buffers = SimpleNamespace(input_ids=torch.arange(16, dtype=torch.int32),
+                                             positions=torch.arange(16, dtype=torch.int64))
+        self.slots = torch.arange(100, 116).reshape(1, 16)
+        self.cudagraph_manager = SimpleNamespace(dispatch=lambda *a, **k: desc, run_fullgraph=lambda d: "full",
+                                                 run_pw_graph=lambda model, inputs: "piecewise")
+        self.prepare_attn = lambda batch: ("tables", self.slots[:, :batch.num_tokens_after_padding])
+
+    def execute(self, real, padded):
+        """What execute_model does with the wrapped attributes, in order."""
+        desc = self.cudagraph_manager.dispatch(2, real, None, num_active_loras=0)
+        self.prepare_attn(SimpleNamespace(num_tokens=real, num_tokens_after_padding=padded))
+        if desc.cg_mode is Mode.FULL:
+            self.cudagraph_manager.run_fullgraph(desc)
+        elif desc.cg_mode is Mode.PIECEWISE:
+            self.cudagraph_manager.run_pw_graph(None, {})
+        return desc
+
+
+def test_the_observer_records_the_dispatch_the_path_and_the_inputs():
+    runner = StandInRunner(Desc(Mode.FULL, 8, 8))
+    observer = StepObserver(runner, vocab_size=256, max_model_len=128)
+    record = observer.start()
+    runner.execute(5, 8)
+    assert (record.path, record.ran.num_tokens, record.dispatched.cg_mode) == ("FULL", 8, Mode.FULL)
+    assert record.token_ids.tolist() == list(range(8)) and record.slot_mapping.tolist() == list(range(100, 108))
+
+
+def test_an_eager_step_runs_eager_at_the_asked_size_with_the_graphs_request_padding():
+    runner = StandInRunner(Desc(Mode.FULL, 8, 8, uniform_token_count=1))
+    observer = StepObserver(runner, vocab_size=256, max_model_len=128)
+    record = observer.start(eager_size=8)
+    runner.execute(5, 8)
+    assert record.path == "NONE" and record.ran == Desc(Mode.NONE, 8, 8)
+    record = observer.start(eager_size=16)  # another size than the graph's: no request padding
+    runner.execute(5, 16)
+    assert record.ran == Desc(Mode.NONE, 16, None)
+
+
+@pytest.mark.parametrize("fill", ["zeros", "random"])
+def test_a_fill_reaches_the_padded_rows_only(fill):
+    runner = StandInRunner(Desc(Mode.PIECEWISE, 8, None))
+    observer = StepObserver(runner, vocab_size=256, max_model_len=128)
+    record = observer.start(fill=fill)
+    runner.execute(5, 8)
+    assert record.token_ids[:5].tolist() == [0, 1, 2, 3, 4] and record.positions[:5].tolist() == [0, 1, 2, 3, 4]
+    assert record.token_ids[5:].tolist() != [5, 6, 7] and bool((record.token_ids[5:] < 256).all())
+    assert bool((record.positions[5:] < 128).all())
+    observer.stop()
+    record = observer.start()
+    runner.execute(5, 8)  # no fill asked: the rows stay as they are
+    assert record.token_ids[5:].tolist() == runner.input_buffers.input_ids[5:8].tolist()
+
+
+# -- the checks that fail a step loudly ---------------------------------------------------------
+def checked_engine():
+    engine = VllmEngine.__new__(VllmEngine)
+    engine.requests, engine.kernel_block_size = make_requests(), 16
+    engine.config = SimpleNamespace(dtype="float32")
+    return engine
+
+
+def step_parts(engine, logits, sampled_tokens, slots=None, path="FULL"):
+    planned = engine.requests.plan([Request(1, (1, 2, 3), 0), Request(2, (4,), 0)])
+    batch = SimpleNamespace(req_ids=["req-2", "req-1"], query_start_loc_np=[0, 1, 4, 4])  # V2: fewest tokens first
+    rows = VllmEngine._rows(batch, planned)
+    real = [engine.requests.slot(1, j, 16) for j in range(3)]
+    record = SimpleNamespace(ran=Desc(Mode.FULL, 8, 8), path=path, slot_mapping=torch.tensor(
+        slots if slots is not None else [engine.requests.slot(2, 0, 16)] + real + [-1] * 4))
+    sampled = SimpleNamespace(req_ids=["req-2", "req-1"], sampled_token_ids=[[sampled_tokens[1]], [sampled_tokens[0]]])
+    return record, planned, rows, logits, sampled
+
+
+def test_rows_are_read_back_in_request_order():
+    engine = checked_engine()
+    _, _, rows, _, _ = step_parts(engine, None, (0, 0))
+    assert [(q.request_id, list(span)) for q, span in rows] == [(1, [1, 2, 3]), (2, [0])]
+
+
+def test_a_consistent_step_passes_the_checks():
+    engine = checked_engine()
+    logits = torch.zeros(4, 256)
+    logits[2, 7] = logits[3, 9] = 1.0  # request 1's last row is row 2 (request order), request 2's is row 3
+    record, planned, rows, logits, sampled = step_parts(engine, logits, (7, 9))
+    engine._check(record, 8, planned, rows, logits, sampled)
+
+
+@pytest.mark.parametrize("broken", ["misread-rows", "wrong-slots", "other-path"])
+def test_a_step_that_is_not_what_vllm_ran_fails_loudly(broken):
+    engine = checked_engine()
+    logits = torch.zeros(4, 256)
+    logits[2, 7] = logits[3, 9] = 1.0
+    sampled = (9, 7) if broken == "misread-rows" else (7, 9)
+    slots = [0] * 8 if broken == "wrong-slots" else None
+    path = "PIECEWISE" if broken == "other-path" else "FULL"
+    record, planned, rows, logits, sampled_output = step_parts(engine, logits, sampled, slots, path)
+    with pytest.raises(EngineError, match={"misread-rows": "misread", "wrong-slots": "KV slots",
+                                           "other-path": "took the PIECEWISE path"}[broken]):
+        engine._check(record, 8, planned, rows, logits, sampled_output)
+
+
+# -- without a GPU -------------------------------------------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_without_a_gpu_the_runtime_says_why_it_cannot_start(pytester):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--runtime", "cudagraph_vllm_engine.runtime:VllmEngineRuntime", "-p", "no:xdist",
+                                "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*failed to start*CUDA GPU*torch sees none*"])

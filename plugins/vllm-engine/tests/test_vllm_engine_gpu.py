@@ -1,0 +1,92 @@
+"""The vllm-engine runtime on real vLLM: skipped without vLLM and a GPU. On the GPU machine,
+after `.vllm_gpu/install.sh` (plugins/vllm-engine/README.md):
+
+    PYTHONPATH=/tmp/site:.:plugins/vllm-engine python -m pytest plugins/vllm-engine/tests -p no:xdist
+
+One engine is built (about 30 s on a fresh machine, a few seconds with warm caches). The suites
+are the real test of the engine; these check the runtime's own promises: its policy is vLLM's,
+what it reports is what vLLM ran, and the harness's graph counter sees vLLM's graphs.
+"""
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("vllm", reason="vLLM is not installed (see plugins/vllm-engine/README.md)")
+
+from harness import oracle, presets  # noqa: E402
+from harness.anchor import TOLERANCE, Anchor  # noqa: E402
+from harness.batches import advance, decode_requests, prefill  # noqa: E402
+from harness.graphs.log import LOG, watch_cuda_graphs  # noqa: E402
+from harness.protocol import PolicyConfig  # noqa: E402
+
+from cudagraph_vllm_engine.runtime import VllmEngineRuntime  # noqa: E402
+from cudagraph_vllm_engine.smoke import engine_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    watch_cuda_graphs()
+    return VllmEngineRuntime()
+
+
+@pytest.fixture(scope="module")
+def engine(runtime):
+    engine = runtime.build(engine_config(str(presets.checkpoint("tiny")), "FULL_AND_PIECEWISE", "float32"))
+    before = LOG.snapshot()
+    engine.report = engine.capture()
+    engine.captures_seen = LOG.since(before).captures
+    return engine
+
+
+@pytest.mark.parametrize("seqs", [1, 8, 64, 256])
+def test_q1_policy_is_the_specs_for_vllms_default_grid(runtime, seqs):
+    """With q = 1 the V2 runner's sizes and keys are the spec's (docs/spec.md sections 3-4)."""
+    for mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode)
+        assert runtime.capture_sizes(config) == oracle.capture_sizes(config)
+        for tokens in range(1, max(runtime.capture_sizes(config)) + 2):
+            for reqs, uniform in ((min(tokens, seqs), tokens <= seqs), (1, False)):
+                assert runtime.dispatch(config, tokens, reqs, uniform) == oracle.dispatch(config, tokens, reqs, uniform)
+
+
+def test_capture_is_counted_by_vllm_and_by_the_harness(engine):
+    report = engine.report
+    assert sum(report.graphs.values()) == engine.captures_seen > 0
+    assert report.memory_bytes > 0 and report.seconds > 0
+
+
+def test_steps_report_what_vllm_ran_and_match_transformers(runtime, engine):
+    anchor = Anchor(engine.config.checkpoint, device="cuda")
+    seqs = prefill(engine, [1, 2, 3], [5, 11, 3])
+    policy = replace(engine.config.policy, mode=engine.resolution.resolved)
+    for n in (1, 2, 3):
+        requests = decode_requests(seqs[:n])
+        history = {s.request_id: list(s.tokens) for s in seqs}
+        before = LOG.snapshot()
+        out = engine.step(requests)
+        launches = LOG.since(before).replays
+        expected = runtime.dispatch(policy, n, n, True)
+        assert (out.runtime_mode, out.padded_num_tokens) == (expected.runtime_mode, expected.descriptor.num_tokens)
+        if out.runtime_mode == "PIECEWISE":
+            assert launches >= 2
+        else:
+            assert launches == {"FULL": 1, "NONE": 0}[out.runtime_mode]
+        assert float((out.logits.float().cpu() - anchor.step(requests, history)).abs().max()) <= TOLERANCE["float32"]
+        eager = engine.eager_step(requests, out.padded_num_tokens)
+        assert eager.runtime_mode == "NONE" and eager.padded_num_tokens == out.padded_num_tokens
+        advance(seqs, requests)
+    for s in seqs:
+        engine.release(s.request_id)
+
+
+def test_kv_slots_are_the_ones_vllm_wrote(engine):
+    seqs = prefill(engine, [11], [7])
+    snapshot = engine.kv_snapshot()
+    written = [engine.slot_of(11, p) for p in range(7)]
+    assert bool(snapshot[written].abs().sum(dim=1).gt(0).all())
+    inputs = engine.last_step_inputs()
+    assert inputs.slot_mapping[:7].tolist() == written
+    engine.release(seqs[0].request_id)
