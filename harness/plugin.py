@@ -45,8 +45,11 @@ def pytest_addoption(parser):
     group.addoption("--graph-backend", default=None, choices=("emulated", "cuda"),
                     help="graph backend for the execution suites (default: cuda when a GPU is present and the "
                          "runtime offers it, else emulated)")
+    group.addoption("--preset", default="tiny", metavar="NAME",
+                    help="model preset of the execution suites (default %(default)s; harness/presets.py); an engine "
+                         "that cannot run the tiny model's shapes runs the suites on 'small'")
     group.addoption("--bench-preset", default="small", metavar="NAME",
-                    help="model preset for the benchmark lane (default %(default)s; the suites use 'tiny')")
+                    help="model preset for the benchmark lane (default %(default)s)")
     group.addoption("--test-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="fail a test that runs longer than this (default %(default)s; 0 turns it off)")
 
@@ -259,10 +262,10 @@ def graph_backend(pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def engine_factory(runtime, graph_backend):
+def engine_factory(runtime, graph_backend, pytestconfig):
     from .observe import EngineFactory
 
-    return EngineFactory(runtime, graph_backend)
+    return EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"))
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ for path in suites/test_*.py; do  # any suite added later runs too, last
 done
 # vLLM's INFO lines (per engine build) would swamp the failure reports; its warnings still show.
 VLLM_LOGGING_LEVEL=WARNING timeout -s INT -k 30 "$left" python -m pytest "${paths[@]}" \
-    --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime --graph-backend cuda \
+    --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime --graph-backend cuda --preset small \
     -p no:xdist -p no:cacheprovider --benchmark-skip --report-dir "$out" -q -rs --tb=short \
     --show-capture=no --test-timeout 300 > "$out/suites.log" 2>&1
 status=$?

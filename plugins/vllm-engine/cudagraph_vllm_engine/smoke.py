@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         runtime = VllmEngineRuntime()
     say(f"runtime {runtime.name} {runtime.version}; torch {torch.__version__}; {torch.cuda.get_device_name(0)}")
     say(f"capabilities: {runtime.capabilities.summary()}")
-    checkpoint = str(presets.checkpoint("tiny"))
+    checkpoint = str(presets.checkpoint(PRESET))
     anchor = Anchor(checkpoint, device="cuda")
     failed = []
     for mode in [m for m in args.modes.split(",") if m]:
@@ -62,11 +62,16 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+# vLLM's Triton attention refuses the tiny preset's head size of 16 ('head_size not supported'):
+# the small preset's heads are 64 wide.
+PRESET = "small"
+
+
 def engine_config(checkpoint: str, mode: str, dtype: str):
     """The config the suites' EngineFactory makes for this mode (harness/observe.py)."""
     from harness.protocol import EngineConfig, PolicyConfig
 
-    return EngineConfig(preset="tiny", dtype=dtype, device="cuda", graph_backend="cuda",
+    return EngineConfig(preset=PRESET, dtype=dtype, device="cuda", graph_backend="cuda",
                         policy=PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64, mode=mode),
                         attention_backends=(settings.ATTENTION_BACKEND,), max_model_len=128, kv_tokens=1024,
                         checkpoint=checkpoint)
