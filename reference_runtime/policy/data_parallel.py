@@ -1,9 +1,15 @@
 """Data-parallel consensus: every rank runs the same mode at the same padded size (SPEC 4).
 
 Each rank dispatches its own batch; the ranks agree on the lowest runtime mode among them.
-Under a graph mode every rank pads to the largest padded size and re-dispatches allowing
-only the agreed mode, so no rank ever moves to a higher mode. Under NONE there is no padding
-across ranks: each runs eagerly at the size its own dispatch chose (vLLM's dp_utils).
+Under NONE there is no padding across ranks. Otherwise every rank re-dispatches at one size.
+The runners differ in what they share and re-dispatch (docs/runners.md):
+
+- V1 (vllm/v1/worker/dp_utils.py): ranks share their padded sizes; under a graph mode each
+  re-dispatches at the largest, allowing only the agreed mode, keeping its own uniformity;
+  agreed on eager, each runs at the size its own dispatch chose (padded if it had a graph there).
+- V2 (vllm/v1/worker/gpu/dp_utils.py, sync_cudagraph_and_dp_padding): ranks share their
+  unpadded sizes and uniform token counts; under a graph mode each re-dispatches at the largest
+  unpadded size, uniform only if every rank is; agreed on eager, each runs at its own unpadded size.
 """
 from __future__ import annotations
 
@@ -21,6 +27,13 @@ def dp_dispatch(
     if len(ranks) == 1:
         return local
     agreed = min((mode for mode, _ in local), key=RUNTIME_MODE_RANK.__getitem__)
+    q = dispatcher.config.query_len
+    if dispatcher.config.runner == "v2":
+        if agreed is CUDAGraphMode.NONE:
+            return [dispatcher.dispatch(n, r, u, allowed_modes=frozenset({agreed})) for n, r, u in ranks]
+        size = max(n for n, _, _ in ranks)
+        all_uniform = all(u for _, _, u in ranks)
+        return [dispatcher.lookup(size, r, all_uniform) for _, r, _ in ranks]
     if agreed is CUDAGraphMode.NONE:
         # vLLM pads across ranks only under a graph mode; each rank re-dispatches eagerly at the size
         # its own dispatch chose (padded if it had a graph there).
@@ -28,7 +41,6 @@ def dp_dispatch(
     padded = max(key.num_tokens for _, key in local)
     # The rank keeps its own uniformity; only the token count (and so num_reqs) changes.
     return [
-        dispatcher.dispatch(padded, None, u and padded % dispatcher.config.query_len == 0,
-                            allowed_modes=frozenset({agreed}))
+        dispatcher.dispatch(padded, None, u and padded % q == 0, allowed_modes=frozenset({agreed}))
         for _, _, u in ranks
     ]
