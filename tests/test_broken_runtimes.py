@@ -25,6 +25,9 @@ MUST_CATCH = {
     "PiecewiseBeforeFull": {"test_dispatch.py"},
     "LoraCountNotRounded": {"test_dispatch.py"},
     "DataParallelMovesUp": {"test_data_parallel.py"},
+    "V2RoundsSizes": {"test_capture_sizes.py"},
+    "V2ExactKeyDispatch": {"test_dispatch.py"},
+    "V2DataParallelSharesPaddedSizes": {"test_data_parallel.py"},
 }
 
 
