@@ -1,12 +1,15 @@
-"""Independent oracles for the graph policy, written from docs/spec.md and not from any runtime.
+"""Independent oracles for the graph policy, written from docs/spec.md and docs/runners.md and not
+from any runtime.
 
 They are deliberately shaped differently from the reference runtime: sizes are a membership
-predicate over 1..cap instead of a generated list, keys are enumerated sets, and resolution is
-the spec table as data (in harness.vocabulary). When a runtime and an oracle disagree, one of them is wrong; the
-policy suites say which number the spec asks for.
+predicate over 1..cap instead of a generated list, keys are enumerated sets, a V2 dispatch is a
+search of those sets, and resolution is the spec table as data (in harness.vocabulary). When a
+runtime and an oracle disagree, one of them is wrong; the policy suites say which number the
+spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from .protocol import Descriptor, Dispatch, PolicyConfig
@@ -65,7 +68,7 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
             if q > 1:
                 most = min(config.max_num_seqs, config.platform_max)
                 chosen |= {n * q for n in range(1, most + 1) if (on_grid(n) or n == most) and n * q <= limit}
-    if q > 1 and decode_is_full(config.mode):
+    if q > 1 and decode_is_full(config.mode) and config.runner == "v1":  # V2 rounds keys, not sizes
         top = max(chosen)
         chosen = {s for s in (q * ((x + q - 1) // q) for x in chosen) if s <= top}
         if not chosen:
@@ -79,8 +82,8 @@ def lora_cases(config: PolicyConfig) -> list[int]:
     if config.max_loras == 0:
         return [0]
     everything = config.max_loras + 1
-    if not config.specialize_lora:
-        return [everything]
+    if not config.specialize_lora:  # V2 keeps graphs for batches without adapters too
+        return [everything] if config.runner == "v1" else [0, everything]
     if not config.specialize_active_loras:
         return [0, everything]
     powers = [2**i for i in range(0, 20) if 2**i <= config.max_loras]
@@ -106,8 +109,13 @@ def _graph_keys(config: PolicyConfig) -> dict[str, frozenset[Descriptor]]:
                 keys["FULL"].add(Descriptor(s, min(s, seqs), False, loras > 0, loras))
             elif mixed == "PIECEWISE":
                 keys["PIECEWISE"].add(Descriptor(s, None, False, loras > 0, loras))
-            if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") and q <= s <= q * seqs and s % q == 0:
+            if mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+                continue
+            if config.runner == "v1" and q <= s <= q * seqs and s % q == 0:
                 keys["FULL"].add(Descriptor(s, s // q, True, loras > 0, loras))
+            whole = q * ((s + q - 1) // q)  # V2: the size rounded up to whole requests
+            if config.runner == "v2" and whole <= min(q * seqs, max(sizes)):
+                keys["FULL"].add(Descriptor(whole, whole // q, True, loras > 0, loras))
     return {mode: frozenset(found) for mode, found in keys.items()}
 
 
@@ -123,6 +131,8 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
 def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES)) -> Dispatch:
     """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
+    if config.runner == "v2":
+        return dispatch_v2(config, num_tokens, num_reqs, uniform, num_active_loras)
     eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
@@ -146,12 +156,40 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
     return eager
 
 
+def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+                num_active_loras: int = 0) -> Dispatch:
+    """docs/runners.md, V2: for FULL, then PIECEWISE, the keys of that mode at the smallest size that
+    holds the batch; the first one the batch fits (a uniform key takes only uniform batches, and no
+    more requests than it has) wins. Eager keeps the request and adapter counts."""
+    q = config.query_len
+    if num_reqs is None:
+        num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
+    loras = active_lora_case(config, num_active_loras)
+    if config.mode != "NONE" and num_tokens <= max(capture_sizes(config), default=0):
+        keys = graph_keys(config)
+        for mode in ("FULL", "PIECEWISE"):
+            holding = [k for k in keys[mode] if k.num_tokens >= num_tokens and k.num_active_loras == loras]
+            smallest = [k for k in holding if k.num_tokens == min(h.num_tokens for h in holding)]
+            fits = [k for k in smallest if (uniform or not k.uniform) and (k.num_reqs is None or k.num_reqs >= num_reqs)]
+            if fits:
+                return Dispatch(mode, fits[0])
+    return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))
+
+
 def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
-    """spec section 4, data parallel: the lowest mode, the largest padded size, never a higher mode."""
+    """spec section 4, data parallel: the lowest mode, one size, never a higher mode. V1 ranks share
+    padded sizes and keep their own on eager; V2 ranks share unpadded sizes (and are uniform only
+    if all are) and run their own unpadded size on eager (docs/runners.md)."""
     local = [dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local
     agreed = lowest(d.runtime_mode for d in local)
+    if config.runner == "v2":
+        if agreed == "NONE":  # each rank eager at its own unpadded size
+            return [dispatch_v2(replace(config, mode="NONE"), r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        size = max(r.num_tokens for r in ranks)
+        together = all(r.uniform for r in ranks)
+        return [dispatch_v2(config, size, r.num_reqs, together) for r in ranks]
     if agreed == "NONE":  # no data-parallel padding; each rank runs eager at its own dispatched size
         return [Dispatch("NONE", Descriptor(d.descriptor.num_tokens)) for d in local]
     size = max(d.descriptor.num_tokens for d in local)

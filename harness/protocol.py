@@ -72,7 +72,7 @@ class PolicyConfig:
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # separate graphs with and without LoRA
     specialize_active_loras: bool = False  # separate graphs per captured adapter count
-    runner: str = "v1"  # vLLM's model runner whose rules apply: "v1" or "v2" (docs/spec.md 3)
+    runner: str = "v2"  # vLLM's model runner whose rules apply: "v1" or "v2" (vLLM 0.33 runs V2; docs/runners.md)
 
     @property
     def query_len(self) -> int:

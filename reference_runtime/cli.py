@@ -19,6 +19,7 @@ import textwrap
 from dataclasses import asdict
 
 from .policy import AttentionCGSupport, CUDAGraphMode, Dispatcher, PaddingTable, PolicyConfig, capture_sizes, resolve_mode
+from .policy.config import DEFAULT_RUNNER, RUNNERS
 from .policy.sizes import default_cap
 
 PROG = "python -m reference_runtime"
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", type=_enum(CUDAGraphMode.parse), default=CUDAGraphMode.FULL_AND_PIECEWISE,
                    help=f"graph mode, one of {MODES} (default FULL_AND_PIECEWISE). For sizes and pad it "
                         "only decides whether sizes round up to multiples of q; resolve takes it as the request")
+    g.add_argument("--runner", choices=RUNNERS, default=DEFAULT_RUNNER,
+                   help=f"vLLM's model runner whose rules apply (default {DEFAULT_RUNNER}, as vLLM 0.33): v1 rounds "
+                        "sizes to multiples of q under FULL decode graphs, v2 only its decode keys")
     g.add_argument("--max-loras", type=non_negative, default=0, metavar="L", help="default 0 (LoRA off)")
     g.add_argument("--no-specialize-lora", action="store_true", help="one graph set for LoRA and no-LoRA batches")
     g.add_argument("--specialize-active-loras", action="store_true",
@@ -144,7 +148,7 @@ def _config(args) -> PolicyConfig:
         num_speculative_tokens=args.num_speculative_tokens, platform_max=args.platform_max,
         capture_sizes=args.sizes, max_capture_size=args.max_capture_size, mode=args.mode,
         max_loras=args.max_loras, specialize_lora=not args.no_specialize_lora,
-        specialize_active_loras=args.specialize_active_loras,
+        specialize_active_loras=args.specialize_active_loras, runner=args.runner,
     )
 
 

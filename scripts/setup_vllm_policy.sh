@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install the vllm-policy lane (plugins/vllm-policy): vLLM itself without any of its dependencies
 # (no CUDA packages, and the installed torch is kept: vLLM 0.33 asks for torch 2.14, a CUDA build),
-# the packages that importing vllm.config and vllm.v1.cudagraph_dispatcher needs (found by trying
-# those imports on a machine with the project installed), then the plugin in editable mode.
+# the packages that importing vllm.config, vllm.v1.cudagraph_dispatcher (the V1 runner's policy) and
+# vllm.v1.worker.gpu.cudagraph_utils / dp_utils / lora_utils (the V2 runner's) needs (found by trying
+# those imports on a machine with the project installed; V2's need nothing more, not even Triton),
+# then the plugin in editable mode.
 # Idempotent: what is already installed at these versions is left alone. Not part of CI.
 #
 #   bash scripts/install.sh && bash scripts/setup_vllm_policy.sh
@@ -46,7 +48,11 @@ from cudagraph_vllm_policy.runtime import VllmPolicyRuntime  # noqa: E402
 
 names = [ep.name for ep in metadata.entry_points(group="cudagraph_conformance.runtimes")]
 assert "vllm-policy" in names, names
-sizes = VllmPolicyRuntime().capture_sizes(PolicyConfig(max_num_seqs=256))
+runtime = VllmPolicyRuntime()
+sizes = runtime.capture_sizes(PolicyConfig(max_num_seqs=256))
 assert (len(sizes), sizes[-1]) == (51, 512), sizes
+for runner, count in (("v1", 56), ("v2", 60)):  # q = 3: V1 rounds the sizes, V2 does not
+    config = PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner=runner)
+    assert len(runtime.capture_sizes(config)) == count, (runner, runtime.capture_sizes(config))
 print(f"vllm-policy ready: vLLM {metadata.version('vllm')}, torch {metadata.version('torch')}")
 EOF

@@ -1,7 +1,9 @@
-"""Capture sizes (docs/spec.md section 3).
+"""Capture sizes (docs/spec.md section 3; vLLM's two model runners in docs/runners.md).
 
 - vLLM conformance (`vllm_policy`): the spec's counts and examples, written here literally, and
-  every drawn config against the harness's independent oracle.
+  every drawn config against the harness's independent oracle. Where vLLM's V1 and V2 model
+  runners differ (q > 1 with FULL decode graphs) each case names the runner it holds an engine
+  to; the others hold for both.
 - Any runtime with a bucket policy (`capture_sizes`): sizes are sorted, unique, positive and fit
   the token budget; mode NONE has none; an ordinary config is answered, not rejected.
 """
@@ -32,6 +34,11 @@ SPEC_COUNTS = [
     ("v1-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, runner="v1"), 50, 512),
     ("v1-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v1"), 56, 504),
     ("v1-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, runner="v1"), 49, 512),
+    # vLLM's V2 model runner keeps the sizes unrounded (it rounds its decode keys instead:
+    # test_dispatch.py); counts from V2's own code (vllm 0.33.0, CudaGraphManager).
+    ("v2-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, runner="v2"), 51, 512),
+    ("v2-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v2"), 60, 512),
+    ("v2-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, runner="v2"), 51, 512),
 ]
 
 
@@ -51,11 +58,14 @@ def test_spec_counts(check, runtime, config, count, largest):
      [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v1"), [2, 4]),
+    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v2"), [1, 2, 3, 5]),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
+    # V2 accepts sizes that hold no whole request of q: they serve mixed batches, decode runs without them.
+    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v2"), [1, 2]),
     # Every given size above max_num_batched_tokens: nothing is captured, every batch runs eager.
     (PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
-], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded-v1", "user-q2-piecewise-unrounded",
-        "no-user-size-fits"])
+], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded-v1", "user-q2-unrounded-v2",
+        "user-q2-piecewise-unrounded", "no-size-holds-q-v2", "no-user-size-fits"])
 def test_spec_examples(check, runtime, config, expected):
     check.equal(runtime.capture_sizes(config), expected, what="capture sizes", source=SPEC, case=config)
 
@@ -73,7 +83,7 @@ def test_user_max_is_truncated_to_the_grid(check, runtime, user_max, largest):
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 8), max_capture_size=4), ("capture_size",)),
     (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=32), ("max_num_batched_tokens", "max_num_seqs")),
     (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v1"), ()),
-], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q"])
+], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q-v1"])
 def test_bad_configs_are_rejected(check, runtime, config, mentions):
     check.rejects(lambda: runtime.capture_sizes(config), what="an impossible config must be rejected",
                   source=SPEC, case=config, mentions=mentions)

@@ -3,7 +3,8 @@
 - Any runtime with `data_parallel` and `dispatch`: ranks agree on one mode and, under a graph
   mode, one padded size; no rank moves above the lowest mode any rank dispatched alone (the
   runtime's own dispatch()).
-- vLLM conformance (`vllm_policy`): the spec's examples, and drawn rank batches against the oracle.
+- vLLM conformance (`vllm_policy`): the spec's examples, and drawn rank batches against the oracle,
+  for vLLM's V1 and V2 model runners (docs/runners.md says how they differ).
 
 Ranks in separate processes are tested by test_data_parallel_execution.py.
 """
@@ -33,20 +34,27 @@ def rank_batches(draw, seqs):
 
 
 EXAMPLES = [
-    ("decode-and-mixed-agree-on-piecewise", [RankBatch(5, 5, True), RankBatch(20, 3, False)],
+    ("decode-and-mixed-agree-on-piecewise", "v1", [RankBatch(5, 5, True), RankBatch(20, 3, False)],
      [Dispatch("PIECEWISE", Descriptor(24, None, False))] * 2),
-    ("two-decodes-pad-to-the-larger", [RankBatch(5, 5, True), RankBatch(17, 17, True)],
+    ("decode-and-mixed-agree-on-piecewise", "v2", [RankBatch(5, 5, True), RankBatch(20, 3, False)],
+     [Dispatch("PIECEWISE", Descriptor(24, None, False))] * 2),
+    ("two-decodes-pad-to-the-larger", "v1", [RankBatch(5, 5, True), RankBatch(17, 17, True)],
      [Dispatch("FULL", Descriptor(24, 24, True))] * 2),
-    # Agreed on eager: no padding across ranks; each keeps the size its own dispatch chose (3 -> 4).
-    ("one-rank-above-max-all-eager", [RankBatch(3, 3, True), RankBatch(200, 10, False)],
+    ("two-decodes-pad-to-the-larger", "v2", [RankBatch(5, 5, True), RankBatch(17, 17, True)],
+     [Dispatch("FULL", Descriptor(24, 24, True))] * 2),
+    # Agreed on eager: no padding across ranks. V1: each keeps the size its own dispatch chose
+    # (3 -> 4); V2: each runs its own unpadded size, keyed with its request count.
+    ("one-rank-above-max-all-eager", "v1", [RankBatch(3, 3, True), RankBatch(200, 10, False)],
      [Dispatch("NONE", Descriptor(4)), Dispatch("NONE", Descriptor(200))]),
+    ("one-rank-above-max-all-eager", "v2", [RankBatch(3, 3, True), RankBatch(200, 10, False)],
+     [Dispatch("NONE", Descriptor(3, 3)), Dispatch("NONE", Descriptor(200, 10))]),
 ]
 
 
 @pytest.mark.requires("data_parallel", "vllm_policy")
-@pytest.mark.parametrize("ranks,expected", [e[1:] for e in EXAMPLES], ids=[e[0] for e in EXAMPLES])
-def test_spec_examples(check, runtime, ranks, expected):
-    config = PolicyConfig(max_num_seqs=64, mode=FAP)
+@pytest.mark.parametrize("runner,ranks,expected", [e[1:] for e in EXAMPLES], ids=[f"{e[1]}-{e[0]}" for e in EXAMPLES])
+def test_spec_examples(check, runtime, runner, ranks, expected):
+    config = PolicyConfig(max_num_seqs=64, mode=FAP, runner=runner)
     check.equal(runtime.dp_dispatch(config, ranks), expected, source=SPEC, case=config,
                 what=f"what each rank runs for {ranks}")
 
@@ -77,9 +85,10 @@ def test_ranks_agree_and_never_move_up(check, runtime, mode, seqs, data):
 
 
 @pytest.mark.requires("data_parallel", "vllm_policy")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), data=st.data())
-def test_matches_the_oracle(check, runtime, mode, seqs, data):
-    config = PolicyConfig(max_num_seqs=seqs, mode=mode)
+@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), runner=st.sampled_from(["v1", "v2"]),
+       data=st.data())
+def test_matches_the_oracle(check, runtime, mode, seqs, runner, data):
+    config = PolicyConfig(max_num_seqs=seqs, mode=mode, runner=runner)
     ranks = data.draw(rank_batches(seqs), label="ranks")
     check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
                 what=f"what each rank runs for {ranks}")

@@ -1,7 +1,10 @@
-"""Dispatch (docs/spec.md section 4): graph keys and the FULL > PIECEWISE > NONE choice.
+"""Dispatch (docs/spec.md section 4; vLLM's two model runners in docs/runners.md): graph keys and
+the FULL > PIECEWISE > NONE choice.
 
 - vLLM conformance (`vllm_policy`): the spec's examples, and every token count of many configs
-  against the oracle; LoRA counts.
+  against the oracle, for vLLM's V1 and V2 model runners; LoRA counts. An example that holds
+  for one runner only names it (runner="v1" or "v2"); the V2 values come from V2's own code
+  (vllm 0.33.0, CudaGraphManager.dispatch).
 - Any runtime with `dispatch`: the mode is one its config mode can run (a mixed batch never runs
   the decode routine), an eager dispatch is unpadded, a graph dispatch pads up, and where the
   runtime also declares its sizes, a key's num_tokens is its own padded_size().
@@ -15,6 +18,7 @@ from harness.protocol import Descriptor, Dispatch, PolicyConfig
 from harness.vocabulary import CONFIG_MODES, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
 
 INVARIANT = "dispatch"
+RUNNERS = ("v1", "v2")  # vLLM's model runners (docs/runners.md)
 
 
 def _config(mode, seqs=64, **kw):
@@ -27,11 +31,8 @@ EXAMPLES = [
     ("fap-mixed-b5", _config(FAP), 5, 2, False, Dispatch("PIECEWISE", Descriptor(8, None, False))),
     ("full-uniform-uses-mixed-key", _config("FULL"), 5, 5, True, Dispatch("FULL", Descriptor(8, 8, False))),
     ("full-mixed", _config("FULL"), 100, 3, False, Dispatch("FULL", Descriptor(104, 64, False))),
-    ("fdo-mixed-eager", _config(FDO), 5, 2, False, Dispatch("NONE", Descriptor(5))),
     ("fdo-uniform", _config(FDO), 17, 17, True, Dispatch("FULL", Descriptor(24, 24, True))),
     ("piecewise-uniform", _config("PIECEWISE"), 17, 17, True, Dispatch("PIECEWISE", Descriptor(24, None, False))),
-    ("none", _config("NONE"), 5, 5, True, Dispatch("NONE", Descriptor(5))),
-    ("above-max-eager-unpadded", _config(FAP), 129, 64, False, Dispatch("NONE", Descriptor(129))),
     ("at-max", _config(FAP), 128, 64, False, Dispatch("PIECEWISE", Descriptor(128, None, False))),
     # max_num_seqs=264 is off the grid and appended: a full 264-request decode pads to 264, not 272.
     ("offgrid-264", _config(FAP, seqs=264), 264, 264, True, Dispatch("FULL", Descriptor(264, 264, True))),
@@ -40,8 +41,31 @@ EXAMPLES = [
     # Uniform keys stop at q * max_num_seqs: 5 requests pad to 8 > 1 * 6, which has no decode key.
     ("fap-uniform-above-q-seqs", _config(FAP, seqs=6, capture_sizes=(4, 8)), 5, 5, True,
      Dispatch("PIECEWISE", Descriptor(8, None, False))),
+    # An eager step: V1 keys it by its size alone; V2 keeps its request count (and adapter case).
+    ("v1-fdo-mixed-eager", _config(FDO, runner="v1"), 5, 2, False, Dispatch("NONE", Descriptor(5))),
+    ("v1-none", _config("NONE", runner="v1"), 5, 5, True, Dispatch("NONE", Descriptor(5))),
+    ("v1-above-max-eager-unpadded", _config(FAP, runner="v1"), 129, 64, False, Dispatch("NONE", Descriptor(129))),
+    ("v2-fdo-mixed-eager", _config(FDO, runner="v2"), 5, 2, False, Dispatch("NONE", Descriptor(5, 2))),
+    ("v2-none", _config("NONE", runner="v2"), 5, 5, True, Dispatch("NONE", Descriptor(5, 5))),
+    ("v2-above-max-eager-unpadded", _config(FAP, runner="v2"), 129, 64, False, Dispatch("NONE", Descriptor(129, 64))),
+    # q > 1: V1 rounds every size to a multiple of q; V2 rounds only its uniform-decode keys, so a
+    # mixed batch pads to the unrounded grid (7 -> 8, 30 -> 32) while decode pads alike (30 -> 33).
     ("v1-q2-uniform", _config(FAP, num_speculative_tokens=1, runner="v1"), 6, 3, True, Dispatch("FULL", Descriptor(8, 4, True))),
     ("v1-q3-uniform", _config(FAP, num_speculative_tokens=2, runner="v1"), 9, 3, True, Dispatch("FULL", Descriptor(9, 3, True))),
+    ("v1-q3-uniform-30", _config(FAP, num_speculative_tokens=2, runner="v1"), 30, 10, True,
+     Dispatch("FULL", Descriptor(33, 11, True))),
+    ("v1-q3-mixed-7", _config(FAP, num_speculative_tokens=2, runner="v1"), 7, 3, False,
+     Dispatch("PIECEWISE", Descriptor(9, None, False))),
+    ("v1-q3-mixed-30", _config(FAP, num_speculative_tokens=2, runner="v1"), 30, 10, False,
+     Dispatch("PIECEWISE", Descriptor(33, None, False))),
+    ("v2-q2-uniform", _config(FAP, num_speculative_tokens=1, runner="v2"), 6, 3, True, Dispatch("FULL", Descriptor(8, 4, True))),
+    ("v2-q3-uniform", _config(FAP, num_speculative_tokens=2, runner="v2"), 9, 3, True, Dispatch("FULL", Descriptor(9, 3, True))),
+    ("v2-q3-uniform-30", _config(FAP, num_speculative_tokens=2, runner="v2"), 30, 10, True,
+     Dispatch("FULL", Descriptor(33, 11, True))),
+    ("v2-q3-mixed-7", _config(FAP, num_speculative_tokens=2, runner="v2"), 7, 3, False,
+     Dispatch("PIECEWISE", Descriptor(8, None, False))),
+    ("v2-q3-mixed-30", _config(FAP, num_speculative_tokens=2, runner="v2"), 30, 10, False,
+     Dispatch("PIECEWISE", Descriptor(32, None, False))),
 ]
 
 
@@ -53,13 +77,13 @@ def test_spec_examples(check, runtime, config, tokens, reqs, uniform, expected):
                 what=f"dispatch of {tokens} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
 
 
-SWEEP = [_config(m, seqs) for m in CONFIG_MODES for seqs in (8, 64, 264)] + [
-    _config(m, 32, num_speculative_tokens=k, runner="v1") for m in CONFIG_MODES for k in (1, 2)
-] + [_config(FAP, 16, capture_sizes=(2, 6, 10, 40))]
+SWEEP = [_config(m, seqs, runner=r) for r in RUNNERS for m in CONFIG_MODES for seqs in (8, 64, 264)] + [
+    _config(m, 32, num_speculative_tokens=k, runner=r) for r in RUNNERS for m in CONFIG_MODES for k in (1, 2)
+] + [_config(FAP, 16, capture_sizes=(2, 6, 10, 40), runner=r) for r in RUNNERS]
 
 
 @pytest.mark.requires("dispatch", "vllm_policy")
-@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c.mode}-seqs{c.max_num_seqs}-q{c.query_len}"
+@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c.runner}-{c.mode}-seqs{c.max_num_seqs}-q{c.query_len}"
                          + ("-user" if c.capture_sizes else ""))
 def test_every_batch_matches_the_oracle(check, runtime, config):
     """Every token count from 1 to past the max, uniform and mixed, at every bucket boundary."""
@@ -143,9 +167,18 @@ def test_lora_counts_round_up_to_a_captured_case(check, runtime, options, active
 
 
 @pytest.mark.requires("dispatch", "lora", "vllm_policy")
-def test_without_specialisation_a_batch_without_lora_has_no_graph(check, runtime):
-    """Only max_loras + 1 is captured, so a batch with no adapter finds no key and runs eager."""
-    config = _config(FAP, max_loras=2, specialize_lora=False)
+def test_v1_without_specialisation_a_batch_without_lora_has_no_graph(check, runtime):
+    """V1 captures only max_loras + 1, so a batch with no adapter finds no key and runs eager."""
+    config = _config(FAP, max_loras=2, specialize_lora=False, runner="v1")
     got = runtime.dispatch(config, 5, 5, True, num_active_loras=0)
     check.equal(got.runtime_mode, "NONE", source=SPEC, case=config,
                 what="dispatch of a no-LoRA batch when only LoRA graphs exist")
+
+
+@pytest.mark.requires("dispatch", "lora", "vllm_policy")
+def test_v2_without_specialisation_a_batch_without_lora_keeps_its_graph(check, runtime):
+    """V2 captures the no-LoRA case beside max_loras + 1 (lora_utils.get_lora_capture_cases)."""
+    config = _config(FAP, max_loras=2, specialize_lora=False, runner="v2")
+    got = runtime.dispatch(config, 5, 5, True, num_active_loras=0)
+    check.equal(got, Dispatch("FULL", Descriptor(8, 8, True)), source=SPEC, case=config,
+                what="dispatch of a no-LoRA batch under V2 without LoRA specialisation")

@@ -173,10 +173,36 @@ class PaddingNotMonotone(OwnPolicy):
     def padded_size(self, config, num_tokens):
         padded = super().padded_size(config, num_tokens)
         return max(self.capture_sizes(config)) if padded is not None and num_tokens % 2 == 0 else padded
+class V2RoundsSizes(ReferenceRuntime):
+    """Answers vLLM's V2 runner with V1's sizes: rounded to multiples of q, where V2 rounds only its decode keys."""
+
+    name = "v2-rounds-sizes"
+
+    def capture_sizes(self, config):
+        return super().capture_sizes(replace(config, runner="v1"))
+
+
+class V2ExactKeyDispatch(ReferenceRuntime):
+    """Answers vLLM's V2 runner with V1's dispatch: one exact key over V1's sizes, V1's eager key."""
+
+    name = "v2-exact-key-dispatch"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        return super().dispatch(replace(config, runner="v1"), num_tokens, num_reqs, uniform, num_active_loras)
+
+
+class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
+    """Answers vLLM's V2 runner with V1's data-parallel agreement (padded sizes shared, kept on eager)."""
+
+    name = "v2-data-parallel-shares-padded-sizes"
+
+    def dp_dispatch(self, config, ranks):
+        return super().dp_dispatch(replace(config, runner="v1"), ranks)
 
 
 MUTANTS = [
     PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
+    V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes,
 ]

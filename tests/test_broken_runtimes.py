@@ -24,6 +24,9 @@ MUST_CATCH = {
     "KeyIsTokensPlusThree": (["test_dispatch.py"], "padded_size()"),
     "MixedBatchRunsDecodeGraph": (["test_dispatch.py"], "mixed batch under FULL_DECODE_ONLY"),
     "PaddingNotMonotone": (["test_padding.py"], "padded size"),
+    "V2RoundsSizes": (["test_capture_sizes.py"], "capture sizes"),
+    "V2ExactKeyDispatch": (["test_dispatch.py"], "dispatch of"),
+    "V2DataParallelSharesPaddedSizes": (["test_data_parallel.py"], "what each rank runs"),
 }
 
 

@@ -75,13 +75,25 @@ def test_sizes_off_grid_append(capsys):
 
 @pytest.mark.parametrize("k, count", [("1", 50), ("2", 56), ("3", 49)])
 def test_sizes_speculative_full_decode(capsys, k, count):
+    # SPEC 3's q > 1 counts are vLLM's V1 model runner's: it rounds the sizes themselves.
     data = ok_json(capsys, "sizes", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-                   "--num-speculative-tokens", k)
+                   "--num-speculative-tokens", k, "--runner", "v1")
     assert data["count"] == count
     q = 1 + int(k)
     assert all(s % q == 0 for s in data["sizes"])  # FULL decode graphs hold whole requests
     if k == "2":
         assert data["max_capture_size"] == 504
+
+
+@pytest.mark.parametrize("k, count", [("1", 51), ("2", 60), ("3", 51)])
+def test_sizes_speculative_v2_not_rounded(capsys, k, count):
+    # vLLM's V2 runner (its default) keeps the sizes and rounds only its decode keys (docs/runners.md).
+    data = ok_json(capsys, "sizes", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+                   "--num-speculative-tokens", k, "--runner", "v2")
+    assert data["count"] == count
+    assert data["sizes"][:2] == [1, 2]
+    assert ok_json(capsys, "sizes", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+                   "--num-speculative-tokens", k) == data  # v2 is the default
 
 
 def test_sizes_speculative_piecewise_not_rounded(capsys):
@@ -194,9 +206,11 @@ def test_dispatch_mixed_piecewise(capsys):
     assert data == {"runtime_mode": "PIECEWISE", "descriptor": desc(8, None)}
 
 
-def test_dispatch_above_max_is_eager_unpadded(capsys):
-    data = ok_json(capsys, "dispatch", "--num-tokens", "600", "--num-reqs", "200")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(600, None)}  # eager steps are not keyed
+@pytest.mark.parametrize("runner, key", [("v1", desc(600, None)), ("v2", desc(600, 200))])
+def test_dispatch_above_max_is_eager_unpadded(capsys, runner, key):
+    # An eager step: V1 keys it by its size alone, V2 keeps its request count.
+    data = ok_json(capsys, "dispatch", "--num-tokens", "600", "--num-reqs", "200", "--runner", runner)
+    assert data == {"runtime_mode": "NONE", "descriptor": key}
 
 
 def test_dispatch_plain_full_uses_mixed_keys(capsys):
@@ -204,14 +218,16 @@ def test_dispatch_plain_full_uses_mixed_keys(capsys):
     assert data == {"runtime_mode": "FULL", "descriptor": desc(8, 8, uniform=False)}
 
 
-def test_dispatch_full_decode_only_mixed_runs_eager(capsys):
-    data = ok_json(capsys, "dispatch", "--mode", "FULL_DECODE_ONLY", "--num-tokens", "5")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, None)}
+@pytest.mark.parametrize("runner, key", [("v1", desc(5, None)), ("v2", desc(5, 5))])
+def test_dispatch_full_decode_only_mixed_runs_eager(capsys, runner, key):
+    data = ok_json(capsys, "dispatch", "--mode", "FULL_DECODE_ONLY", "--num-tokens", "5", "--runner", runner)
+    assert data == {"runtime_mode": "NONE", "descriptor": key}
 
 
-def test_dispatch_mode_none(capsys):
-    data = ok_json(capsys, "dispatch", "--mode", "none", "--num-tokens", "5", "--uniform")
-    assert data == {"runtime_mode": "NONE", "descriptor": desc(5, None)}
+@pytest.mark.parametrize("runner, key", [("v1", desc(5, None)), ("v2", desc(5, 5))])
+def test_dispatch_mode_none(capsys, runner, key):
+    data = ok_json(capsys, "dispatch", "--mode", "none", "--num-tokens", "5", "--uniform", "--runner", runner)
+    assert data == {"runtime_mode": "NONE", "descriptor": key}
 
 
 def test_dispatch_speculative_uniform_default_num_reqs(capsys):
@@ -343,7 +359,8 @@ BAD = [
     (["sizes", "--sizes", "1,x,4"], "comma-separated"),
     (["sizes", "--sizes", "0,2"], "comma-separated"),
     (["sizes", "--sizes", "1,2,4", "--max-capture-size", "8"], "max_capture_size"),
-    (["sizes", "--max-num-seqs", "1", "--num-speculative-tokens", "600"], "601"),
+    (["sizes", "--max-num-seqs", "1", "--num-speculative-tokens", "600", "--runner", "v1"], "601"),
+    (["sizes", "--runner", "v3"], "invalid choice"),
     (["sizes", "--bogus"], "unrecognized"),
     ([], "required"),
     (["table"], "invalid choice"),

@@ -1,8 +1,8 @@
-"""One rank's side of data-parallel consensus at step time, as vLLM's V1 runner does it.
+"""One rank's side of data-parallel consensus at step time, as vLLM's runners do it.
 
 Before every step each rank dispatches its own batch, all-reduces (num_tokens, dispatched size,
-mode) with the other ranks, and re-dispatches to what they agreed (policy/data_parallel.py: the
-lowest mode; under a graph mode the largest size). A rank with no requests still takes part and
+mode, uniform) with the other ranks, and re-dispatches to what they agreed (policy/data_parallel.py:
+the lowest mode; under a graph mode one size, by the policy's runner). A rank with no requests still takes part and
 runs a dummy batch of one decode request's worth of padding rows (vLLM's dummy run), so the
 ranks' collectives always pair up.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..policy import BatchDescriptor, CUDAGraphMode, Dispatcher
-from ..policy.data_parallel import agree, redispatch
+from ..policy import BatchDescriptor, CUDAGraphMode, Dispatcher  # noqa: F401 (BatchDescriptor: the answer's type)
+from ..policy.data_parallel import Shared, runs, share
 from ..policy.modes import RUNTIME_MODE_RANK
 
 MODE_OF_RANK = {rank: mode for mode, rank in RUNTIME_MODE_RANK.items()}
@@ -36,21 +36,15 @@ class DataParallel:
         """What this rank runs: its own dispatch, the all-reduce, the re-dispatch."""
         if num_tokens == 0:  # idle: a dummy decode step of one request, padding rows only
             num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
-        if captured:
-            mode, key = dispatcher.dispatch(num_tokens, num_reqs, uniform)
-        else:  # nothing to replay yet: eager and unpadded
-            mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
-        ranks = self.exchange(num_tokens, key.num_tokens, mode)
-        agreed, size = agree([(m, s) for _, s, m in ranks])
-        return redispatch(dispatcher, agreed, size, key.num_tokens, uniform)
+        mine = share(dispatcher, num_tokens, num_reqs, uniform, captured)
+        return runs(dispatcher, self.exchange(mine), self.rank, num_reqs)
 
-    def exchange(self, num_tokens: int, size: int, mode: CUDAGraphMode) -> list[tuple[int, int, CUDAGraphMode]]:
-        """Every rank's (num_tokens, dispatched size, mode): one all-reduce (a sum) of a [3, world]
-        table in which each rank fills its own column. num_tokens is what vLLM uses to decide
-        micro-batching, which this engine does not model; it travels for the record."""
-        table = torch.zeros(3, self.world, dtype=torch.int32)
-        table[:, self.rank] = torch.tensor([num_tokens, size, RUNTIME_MODE_RANK[mode]], dtype=torch.int32)
+    def exchange(self, mine: Shared) -> list[Shared]:
+        """Every rank's share: one all-reduce (a sum) of a [4, world] table in which each rank
+        fills its own column."""
+        table = torch.zeros(4, self.world, dtype=torch.int32)
+        table[:, self.rank] = torch.tensor([mine.num_tokens, mine.size, RUNTIME_MODE_RANK[mine.mode],
+                                            int(mine.uniform)], dtype=torch.int32)
         table = table.to(self.device)
         dist.all_reduce(table)
-        tokens, sizes, modes = table.cpu().tolist()
-        return [(t, s, MODE_OF_RANK[m]) for t, s, m in zip(tokens, sizes, modes)]
+        return [Shared(t, s, MODE_OF_RANK[m], bool(u)) for t, s, m, u in zip(*table.cpu().tolist())]

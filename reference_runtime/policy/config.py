@@ -7,6 +7,8 @@ from .modes import CUDAGraphMode
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 PLATFORM_MAX_DEFAULT = 512  # 1024 on SM100 (B200 class)
+RUNNERS = ("v1", "v2")  # vLLM's model runners; vLLM 0.33 runs V2 unless a feature needs V1
+DEFAULT_RUNNER = "v2"
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class PolicyConfig:
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # capture separate no-LoRA and LoRA graphs
     specialize_active_loras: bool = False  # one graph per captured active-adapter count
-    runner: str = "v1"  # vLLM's model runner whose rules apply (docs/spec.md section 3)
+    runner: str = DEFAULT_RUNNER  # vLLM's model runner whose rules apply (docs/runners.md)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", CUDAGraphMode.parse(self.mode))
@@ -33,6 +35,8 @@ class PolicyConfig:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
         _check_int("platform_max", self.platform_max, minimum=1)
         _check_int("max_loras", self.max_loras, minimum=0)
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)} (vLLM's model runners), got {self.runner!r}")
         if self.max_num_batched_tokens is not None:
             _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
             if self.max_num_batched_tokens < self.max_num_seqs:

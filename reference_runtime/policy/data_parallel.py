@@ -1,36 +1,62 @@
-"""Data-parallel consensus: every rank runs the same mode at the same padded size (SPEC 4).
+"""Data-parallel consensus: every rank runs the same mode at the same padded size (spec section 4.6).
 
-Each rank dispatches its own batch; the ranks agree on the lowest runtime mode among them.
-Under a graph mode every rank pads to the largest padded size and re-dispatches allowing
-only the agreed mode, so no rank ever moves to a higher mode. Under NONE there is no padding
-across ranks: each runs eagerly at the size its own dispatch chose (vLLM's dp_utils).
+Each rank dispatches its own batch and shares what it has (`share`); the ranks agree on the lowest
+runtime mode among them; under NONE there is no padding across ranks; otherwise every rank
+re-dispatches at one size (`runs`). The runners differ in what they share and re-dispatch
+(docs/runners.md):
 
-`agree` and `redispatch` are the two halves an engine rank runs around its all-reduce
-(engine/data_parallel.py); `dp_dispatch` is the whole rule over every rank at once.
+- V1 (vllm/v1/worker/dp_utils.py): under a graph mode each rank re-dispatches at the largest
+  padded size, allowing only the agreed mode, keeping its own uniformity; agreed on eager, each
+  runs at the size its own dispatch chose (padded if it had a graph there).
+- V2 (vllm/v1/worker/gpu/dp_utils.py, sync_cudagraph_and_dp_padding): under a graph mode each
+  re-dispatches at the largest unpadded size, uniform only if every rank is; agreed on eager,
+  each runs at its own unpadded size.
+
+An engine rank calls `share` and `runs` around its all-reduce (engine/data_parallel.py);
+`dp_dispatch` is the whole rule over every rank at once.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from .dispatch import BatchDescriptor, Dispatcher
 from .modes import RUNTIME_MODE_RANK, CUDAGraphMode
 
 
-def agree(dispatched: list[tuple[CUDAGraphMode, int]]) -> tuple[CUDAGraphMode, int | None]:
-    """From each rank's (mode, dispatched size): the lowest mode and, under a graph mode, the
-    largest size (None under NONE: no padding across ranks)."""
-    mode = min((m for m, _ in dispatched), key=RUNTIME_MODE_RANK.__getitem__)
-    return mode, None if mode is CUDAGraphMode.NONE else max(size for _, size in dispatched)
+class Shared(NamedTuple):
+    """What one rank puts in the all-reduce."""
+
+    num_tokens: int  # unpadded
+    size: int  # what its own dispatch chose
+    mode: CUDAGraphMode  # what its own dispatch chose
+    uniform: bool
 
 
-def redispatch(dispatcher: Dispatcher, agreed: CUDAGraphMode, agreed_size: int | None, own_size: int,
-               uniform: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
-    """What one rank runs once the ranks agreed; own_size is what its own dispatch chose."""
+def share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int | None, uniform: bool,
+          captured: bool = True) -> Shared:
+    """A rank's own dispatch, as it enters the consensus (nothing captured yet: eager, unpadded)."""
+    if captured:
+        mode, key = dispatcher.dispatch(num_tokens, num_reqs, uniform)
+    else:
+        mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+    return Shared(num_tokens, key.num_tokens, mode, uniform)
+
+
+def runs(dispatcher: Dispatcher, ranks: list[Shared], mine: int, num_reqs: int | None
+         ) -> tuple[CUDAGraphMode, BatchDescriptor]:
+    """What rank `mine` runs once every rank has shared."""
+    own = ranks[mine]
+    agreed = min((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
+    only = frozenset({agreed})
+    if dispatcher.config.runner == "v2":
+        if agreed is CUDAGraphMode.NONE:
+            return dispatcher.lookup(own.num_tokens, num_reqs, own.uniform, allowed_modes=only)
+        return dispatcher.lookup(max(r.num_tokens for r in ranks), num_reqs, all(r.uniform for r in ranks))
     if agreed is CUDAGraphMode.NONE:
-        # vLLM pads across ranks only under a graph mode; the rank runs eagerly at the size its
-        # own dispatch chose (padded if it had a graph there).
-        return dispatcher.dispatch(own_size, None, False, allowed_modes=frozenset({agreed}))
-    # The rank keeps its own uniformity; only the token count (and so num_reqs) changes.
-    uniform = uniform and agreed_size % dispatcher.config.query_len == 0
-    return dispatcher.dispatch(agreed_size, None, uniform, allowed_modes=frozenset({agreed}))
+        return dispatcher.dispatch(own.size, None, False, allowed_modes=only)
+    size = max(r.size for r in ranks)
+    uniform = own.uniform and size % dispatcher.config.query_len == 0  # the rank keeps its own uniformity
+    return dispatcher.dispatch(size, None, uniform, allowed_modes=only)
 
 
 def dp_dispatch(
@@ -39,8 +65,7 @@ def dp_dispatch(
     """ranks: (num_tokens, num_reqs, uniform) for each rank. Returns what each rank runs."""
     if not ranks:
         raise ValueError("data-parallel dispatch needs at least one rank")
-    local = [dispatcher.dispatch(n, r, u) for n, r, u in ranks]
-    if len(ranks) == 1:
-        return local
-    agreed, size = agree([(mode, key.num_tokens) for mode, key in local])
-    return [redispatch(dispatcher, agreed, size, key.num_tokens, u) for (_, key), (_, _, u) in zip(local, ranks)]
+    if len(ranks) == 1:  # no all-reduce at data-parallel size 1
+        return [dispatcher.dispatch(n, r, u) for n, r, u in ranks]
+    shared = [share(dispatcher, n, r, u) for n, r, u in ranks]
+    return [runs(dispatcher, shared, i, r) for i, (_, r, _) in enumerate(ranks)]

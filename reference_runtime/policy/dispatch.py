@@ -1,4 +1,5 @@
-"""BatchDescriptor keys and the dispatcher: which graph, if any, runs a batch (SPEC 4)."""
+"""BatchDescriptor keys and the dispatcher: which graph, if any, runs a batch (SPEC 4; V1 and V2
+runners, docs/runners.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -63,11 +64,27 @@ class Dispatcher:
                     key = self._padded_key(size, uniform=False, num_active_loras=loras)
                     self.add_key(mixed, key.relaxed() if mixed is CUDAGraphMode.PIECEWISE else key)
         if self.mode.decode_mode() is CUDAGraphMode.FULL and self.mode.separate_routine():
-            q = self.config.query_len
-            for size in self.sizes:
-                if q <= size <= q * self.config.max_num_seqs and size % q == 0:
-                    for loras in cases:
-                        self.add_key(CUDAGraphMode.FULL, self._padded_key(size, uniform=True, num_active_loras=loras))
+            for size in self._decode_sizes():
+                for loras in cases:
+                    self.add_key(CUDAGraphMode.FULL, BatchDescriptor(size, size // self.config.query_len, True,
+                                                                     loras > 0, loras))
+        # V2 looks keys up per runtime mode and adapter case: the smallest key that holds the batch.
+        self.key_at = {(mode, k.num_active_loras, k.num_tokens): k for mode, keys in self.keys.items() for k in keys}
+        self.key_tables = {(mode, loras): PaddingTable([n for m, c, n in self.key_at if (m, c) == (mode, loras)])
+                           for mode in self.keys for loras in cases}
+
+    def _decode_sizes(self) -> list[int]:
+        """Token counts of the uniform-decode graphs: whole requests of q tokens, at most max_num_seqs.
+
+        V1 keeps the sizes that are already multiples of q (they were rounded in sizes.py); V2
+        rounds each size up to a multiple of q and keeps those within the max size
+        (vLLM's CudaGraphManager._init_candidates).
+        """
+        q, most = self.config.query_len, self.config.query_len * self.config.max_num_seqs
+        if self.config.runner == "v1":
+            return [s for s in self.sizes if q <= s <= most and s % q == 0]
+        rounded = {-(-s // q) * q for s in self.sizes}
+        return sorted(s for s in rounded if s <= min(most, self.table.max_size))
 
     def _padded_key(self, num_tokens: int, *, uniform: bool, num_active_loras: int) -> BatchDescriptor:
         padded = self.table.padded(num_tokens)
@@ -95,14 +112,28 @@ class Dispatcher:
         num_active_loras: int = 0,
         allowed_modes: frozenset[CUDAGraphMode] = ALL_RUNTIME_MODES,
     ) -> tuple[CUDAGraphMode, BatchDescriptor]:
-        """The runtime mode and key for a batch: exact FULL key, then relaxed PIECEWISE key, then NONE.
+        """The runtime mode and key for a batch. `uniform` says every request has q tokens.
 
-        `uniform` says every request has q tokens. Only the pair modes keep uniform keys; under
-        plain FULL a uniform batch uses the mixed FULL keys. Above the max size the batch runs
-        eager and unpadded, under the trivial key BatchDescriptor(num_tokens).
+        V1: the exact FULL key at the padded size, then the relaxed PIECEWISE key, then NONE;
+        only the pair modes keep uniform keys (under plain FULL a uniform batch uses the mixed
+        FULL keys). V2: the smallest FULL key that holds the batch, if it fits the batch, then the
+        smallest PIECEWISE key, then NONE. Above the max size the batch runs eager and unpadded,
+        under the trivial key (V1) or a key that keeps the request and adapter counts (V2).
         """
         self._check_batch(num_tokens, num_reqs, uniform)
-        unpadded = BatchDescriptor(num_tokens)  # vLLM's trivial key: an eager step is not keyed
+        return self.lookup(num_tokens, num_reqs, uniform, num_active_loras, allowed_modes)
+
+    def lookup(self, num_tokens: int, num_reqs: int | None, uniform: bool, num_active_loras: int = 0,
+               allowed_modes: frozenset[CUDAGraphMode] = ALL_RUNTIME_MODES) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        """dispatch() without checking that the counts describe one batch: data-parallel ranks
+        re-dispatch their own request count at another rank's token count (data_parallel.py)."""
+        loras = effective_active_loras(self.config, num_active_loras)
+        if self.config.runner == "v1":
+            unpadded = BatchDescriptor(num_tokens)  # vLLM's trivial key: an eager step is not keyed
+        else:
+            if num_reqs is None:  # V2 always knows the count; unsaid, it is the most the batch can hold
+                num_reqs = num_tokens // self.config.query_len if uniform else min(num_tokens, self.config.max_num_seqs)
+            unpadded = BatchDescriptor(num_tokens, num_reqs, False, loras > 0, loras)
         if (
             not self.keys_initialized
             or self.mode is CUDAGraphMode.NONE
@@ -110,16 +141,28 @@ class Dispatcher:
             or allowed_modes <= {CUDAGraphMode.NONE}
         ):
             return CUDAGraphMode.NONE, unpadded
-        loras = effective_active_loras(self.config, num_active_loras)
-        key = self._padded_key(num_tokens, uniform=uniform and self.mode.separate_routine(), num_active_loras=loras)
-        if CUDAGraphMode.FULL in allowed_modes and key in self.keys[CUDAGraphMode.FULL]:
-            return CUDAGraphMode.FULL, key
-        if CUDAGraphMode.PIECEWISE in allowed_modes and key.relaxed() in self.keys[CUDAGraphMode.PIECEWISE]:
-            return CUDAGraphMode.PIECEWISE, key.relaxed()
+        if self.config.runner == "v2":
+            for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
+                key = self._smallest_key(mode, num_tokens, loras)
+                if mode in allowed_modes and key is not None and _holds(key, num_reqs, uniform):
+                    return mode, key
+        else:
+            key = self._padded_key(num_tokens, uniform=uniform and self.mode.separate_routine(), num_active_loras=loras)
+            if CUDAGraphMode.FULL in allowed_modes and key in self.keys[CUDAGraphMode.FULL]:
+                return CUDAGraphMode.FULL, key
+            if CUDAGraphMode.PIECEWISE in allowed_modes and key.relaxed() in self.keys[CUDAGraphMode.PIECEWISE]:
+                return CUDAGraphMode.PIECEWISE, key.relaxed()
         if CUDAGraphMode.NONE not in allowed_modes:
             allowed = ", ".join(sorted(m.name for m in allowed_modes))
-            raise ValueError(f"no captured graph for {key} among allowed modes {{{allowed}}}, and NONE is not allowed")
+            raise ValueError(f"no captured graph for {num_tokens} tokens among allowed modes {{{allowed}}}, "
+                             "and NONE is not allowed")
         return CUDAGraphMode.NONE, unpadded
+
+    def _smallest_key(self, mode: CUDAGraphMode, num_tokens: int, loras: int) -> BatchDescriptor | None:
+        """V2: the key of `mode` at the smallest size of that mode's keys that holds num_tokens."""
+        table = self.key_tables.get((mode, loras))
+        size = table.padded(num_tokens) if table is not None else None
+        return None if size is None else self.key_at[(mode, loras, size)]
 
     def _check_batch(self, num_tokens: int, num_reqs: int | None, uniform: bool) -> None:
         if num_tokens < 1:
@@ -134,3 +177,11 @@ class Dispatcher:
                 f"a uniform decode batch has num_tokens = q * num_reqs = {self.config.query_len} * {num_reqs}, "
                 f"got num_tokens={num_tokens}"
             )
+
+
+def _holds(key: BatchDescriptor, num_reqs: int, uniform: bool) -> bool:
+    """V2's compatibility test: a uniform-decode key takes only uniform batches, and a key with a
+    request count takes at most that many requests."""
+    if key.uniform and not uniform:
+        return False
+    return key.num_reqs is None or key.num_reqs >= num_reqs

@@ -25,12 +25,16 @@ def captured_lora_counts(max_loras: int, specialize_active_loras: bool) -> list[
 
 
 def lora_cases(config: PolicyConfig) -> list[int]:
-    """Every num_active_loras a graph is captured for (0: no LoRA)."""
+    """Every num_active_loras a graph is captured for (0: no LoRA).
+
+    Without LoRA specialisation the V1 runner captures only the LoRA case, so a batch without
+    adapters runs eager; the V2 runner also captures the no-LoRA case.
+    """
     if not config.lora_enabled:
         return [0]
     if config.specialize_lora:
         return [0] + captured_lora_counts(config.max_loras, config.specialize_active_loras)
-    return [config.max_loras + 1]
+    return [config.max_loras + 1] if config.runner == "v1" else [0, config.max_loras + 1]
 
 
 def effective_active_loras(config: PolicyConfig, num_active_loras: int) -> int:

@@ -23,7 +23,9 @@ def default_cap(config: PolicyConfig) -> int:
 def capture_sizes(config: PolicyConfig) -> list[int]:
     """The sorted, unique token counts that get a graph; the last one is the max capture size.
 
-    Mode NONE captures nothing, so it has no sizes (vLLM leaves the list empty too).
+    Mode NONE captures nothing, so it has no sizes (vLLM leaves the list empty too). Under the
+    V2 runner these are the mixed routine's sizes; its uniform-decode graphs sit at each size
+    rounded up to a multiple of q (Dispatcher.initialize_keys).
     """
     if config.mode is CUDAGraphMode.NONE:
         return []
@@ -33,7 +35,8 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
         sizes = _sizes_below_user_max(config)
     else:
         sizes = _default_sizes(config)
-    if sizes and config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
+    # Only the V1 runner rounds the sizes themselves; V2 rounds its decode keys instead (dispatch.py).
+    if sizes and config.runner == "v1" and config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
         sizes = _round_to_query_len(sizes, config.query_len)
     return sizes
 
