@@ -24,7 +24,7 @@ from .records import ReportFormatError, upgrade
 from .vocabulary import CONFIG_MODES as REQUESTED
 from .vocabulary import SUPPORT_LEVELS as SUPPORTS
 
-OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
+OUTCOME_ORDER = ["failed", "error", "interrupted", "running", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
 # Each measurement, and the suite that records it.
 MEASUREMENTS = {"grid": "test_padding.py", "resolution": "test_mode_resolution.py",
                 "capture": "test_capture_accounting.py", "launches": "test_launch_overhead.py",
