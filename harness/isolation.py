@@ -103,12 +103,23 @@ def _cwd() -> str:
         return "<deleted>"
 
 
+# Variables torch's compiler stack adds on first use to record a default it computed (cache
+# directories, toolchain paths); any later test would get the same value, so adding them is not taint.
+SET_BY_TORCH_ON_FIRST_USE = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
+                             "CUDA_HOME")
+
+
 def _environ() -> dict[str, str]:
     # PYTEST_CURRENT_TEST is pytest's own, set and cleared around every phase.
     return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
 
+def _without_first_use(before: dict, after: dict) -> dict:
+    return {k: v for k, v in after.items() if k in before or not k.startswith(SET_BY_TORCH_ON_FIRST_USE)}
+
+
 def _show_environ(before: dict, after: dict) -> str:
+    after = _without_first_use(before, after)
     added = [f"{k}={safe_repr(after[k], 80)}" for k in sorted(after.keys() - before.keys())]
     removed = sorted(before.keys() - after.keys())
     changed = [f"{k}={safe_repr(before[k], 80)} -> {safe_repr(after[k], 80)}"
@@ -119,7 +130,7 @@ def _show_environ(before: dict, after: dict) -> str:
 
 
 def _restore_environ(before: dict, after: dict) -> None:
-    for key in after.keys() - before.keys():
+    for key in _without_first_use(before, after).keys() - before.keys():
         os.environ.pop(key, None)
     for key, value in before.items():
         if os.environ.get(key) != value:
@@ -128,7 +139,8 @@ def _restore_environ(before: dict, after: dict) -> None:
 
 _PROCESS = [
     Tracked("working directory", _cwd, restore=lambda before, after: os.chdir(before)),
-    Tracked("os.environ", _environ, restore=_restore_environ, show=_show_environ),
+    Tracked("os.environ", _environ, restore=_restore_environ, show=_show_environ,
+            same=lambda before, after: before == _without_first_use(before, after)),
     Tracked("garbage collector enabled", gc.isenabled,
             restore=lambda before, after: gc.enable() if before else gc.disable()),
 ]

@@ -172,7 +172,7 @@ def _resolution(entries: list[dict]) -> list[str]:
         variants[e.get("variant", "default")][(e["requested"], e["support"])] = e.get("resolved")
     for variant in sorted(variants, key=lambda v: (v != "default", v)):
         table = variants[variant]
-        supports = SUPPORTS if variant == "default" else [s for s in SUPPORTS if any(k[1] == s for k in table)]
+        supports = list(SUPPORTS) if variant == "default" else [s for s in SUPPORTS if any(k[1] == s for k in table)]
         supports += sorted({k[1] for k in table} - set(supports))
         requested = [m for m in REQUESTED if any(k[0] == m for k in table)]
         requested += sorted({k[0] for k in table} - set(requested))
