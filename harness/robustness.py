@@ -183,22 +183,24 @@ class Robustness:
 
     # -- after a test: taint, then the CUDA context ------------------------------------------
     def _after(self, item) -> None:
-        problems = []
-        if BEFORE in item.stash:
-            # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak.
-            grew = _engines_held(item) > item.stash.get(HELD, 0)
-            ignore = frozenset({isolation.MEMORY}) if grew or item.stash.get(FAILED, False) else frozenset()
-            changes = isolation.undo(item.stash[BEFORE], ignore)
-            if changes:
-                problems.append("the test left process-wide state changed, which would taint the tests after it "
-                                "(docs/reliability.md):\n  " + "\n  ".join(changes))
+        problems, broken = [], False
         if self.poisoned is None and GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
             probe = self.probe()
             if probe is not None:
-                raised = item.stash.get(FIRST_ERROR, "nothing")
+                broken, raised = True, item.stash.get(FIRST_ERROR, "nothing")
                 self.poisoned = (item.nodeid, raised, probe)
                 problems.append(f"the CUDA context is broken after this test (it raised {raised}): {probe}; "
                                 "later GPU tests in this process are skipped")
+        if BEFORE in item.stash:
+            # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak;
+            # and a broken context's state says nothing.
+            ignore = set(isolation.CUDA_STATE) if broken else set()
+            if item.stash.get(FAILED, False) or _engines_held(item) > item.stash.get(HELD, 0):
+                ignore.add(isolation.MEMORY)
+            changes = isolation.undo(item.stash[BEFORE], frozenset(ignore))
+            if changes:
+                problems.append("the test left process-wide state changed, which would taint the tests after it "
+                                "(docs/reliability.md):\n  " + "\n  ".join(changes))
         if problems:
             pytest.fail(f"runtime {self.runtime_name!r}: " + "\n".join(problems), pytrace=False)
 

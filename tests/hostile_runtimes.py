@@ -226,6 +226,58 @@ class CudaWordsEngine(Engine):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated: no GPU is used)")
 
 
+# -- on a GPU: a sticky error, and a hang in torch.cuda.synchronize() ----------------------------
+CUDA = dict(execution=True, graph_backends=("cuda",))
+
+
+class _Pointer:
+    """A device pointer shown to torch through the CUDA array interface, with whatever length it claims."""
+
+    def __init__(self, tensor, length: int):
+        self.__cuda_array_interface__ = {"shape": (length,), "typestr": "<f4", "data": (tensor.data_ptr(), False),
+                                         "version": 3, "strides": None}
+
+
+class BreaksTheCudaContext(Runtime):
+    """A step writes four terabytes past its buffer: an illegal memory access, which leaves the CUDA
+    context unusable for the rest of the process (a sticky error)."""
+
+    name = "breaks-the-cuda-context"
+    capabilities = p.Capabilities(**POLICY, **CUDA)
+
+    def build(self, config):
+        return IllegalAccessEngine(self, config)
+
+
+class IllegalAccessEngine(Engine):
+    def step(self, requests, padding_fill=None):
+        import torch
+
+        buffer = torch.zeros(1, device=self.config.device)
+        beyond = torch.as_tensor(_Pointer(buffer, 1 << 40), device=self.config.device)[-1:]
+        beyond.add_(1)
+        torch.cuda.synchronize()
+        return super().step(requests)
+
+
+class HangsInCudaSynchronize(Runtime):
+    """A step launches a kernel that spins for decades and waits for it in torch.cuda.synchronize()."""
+
+    name = "hangs-in-cuda-synchronize"
+    capabilities = p.Capabilities(**POLICY, **CUDA)
+
+    def build(self, config):
+        return SpinningEngine(self, config)
+
+
+class SpinningEngine(Engine):
+    def step(self, requests, padding_fill=None):
+        import torch
+
+        torch.cuda._sleep(1 << 62)  # clock cycles
+        torch.cuda.synchronize()
+
+
 # -- 5. process-wide state changed and left so ---------------------------------------------------
 def _taints():
     import torch
@@ -244,11 +296,17 @@ def _taints():
         "cwd": lambda: os.chdir(tempfile.gettempdir()),
         "environ": lambda: os.environ.__setitem__("HOSTILE_RUNTIME_WAS_HERE", "1"),
         "gc-disabled": gc.disable,
+        "cuda-rng": lambda: torch.randn(3, device="cuda"),
+        "cuda-memory": lambda: _LEAKED.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda")),
     }
+
+
+_LEAKED = []  # what the cuda-memory taint keeps alive
 
 
 TAINTS = ["default-dtype", "default-device", "grad-mode", "deterministic", "tf32", "cpu-rng", "function-mode", "cwd",
           "environ", "gc-disabled"]
+CUDA_TAINTS = ["cuda-rng", "cuda-memory"]  # on a GPU only
 
 
 class LeavesStateBehind(Runtime):

@@ -204,7 +204,7 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester):
             runtime.padded_size(PolicyConfig(), 5)
         def test_never_reached(runtime):
             pass
-    """, "--test-timeout", "0.5", "-p", "no:xdist", subprocess=True, conftest=MEMORY_LIMIT)
+    """, "--test-timeout", "2", "-p", "no:xdist", subprocess=True, conftest=MEMORY_LIMIT)
     assert result.ret == 1
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
                                "test_then_blocks_in_c": "failed"}
@@ -345,3 +345,62 @@ def test_a_flood_of_output_is_bounded(pytester):
     assert outcomes(tests) == {"test_floods_and_fails": "failed", "test_floods_and_passes": "passed"}
     assert len(result.stdout.str()) < 200_000  # the ten megabytes printed, cut to their ends
     result.stdout.fnmatch_lines(["*Captured stdout call*", "flood flood*characters cut*"])
+
+
+# -- on a GPU (the lead runs these on an H200; each inner run is a subprocess: a sticky error ends a
+# process's CUDA context, and the watchdog ends the process) ------------------------------------
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda_only
+def test_an_illegal_memory_access_poisons_later_gpu_tests_by_evidence(pytester):
+    result, tests, _ = run(pytester, "BreaksTheCudaContext", CUDA_TESTS.replace("test_raises_cuda_words", "test_illegal"),
+                           "-p", "no:xdist", subprocess=True)
+    assert outcomes(tests) == {"test_illegal": "failed", "test_later_gpu_test": "skipped", "test_policy_only": "passed"}
+    assert "illegal memory access" in tests["test_illegal"]["reason"]
+    assert "the CUDA context is broken after this test" in tests["test_illegal"]["reason"]
+    skip = tests["test_later_gpu_test"]["reason"]
+    assert "poisoned by test_inner.py::test_illegal" in skip and "a one-element kernel" in skip
+
+
+@cuda_only
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_a_hang_in_cuda_synchronize_is_ended_by_the_watchdog(pytester, workers):
+    result, tests, data = run(pytester, "HangsInCudaSynchronize", """
+        from harness.protocol import Request
+
+        def test_spins(engines):
+            engines.get(mode="NONE", capture=False).step([Request(engines.new_id(), (5,), 0)])
+        def test_policy_only(runtime):
+            pass
+    """, "--test-timeout", "5", *(workers or ["-p", "no:xdist"]), subprocess=True)
+    assert result.ret == 1
+    assert tests["test_spins"]["outcome"] == "failed"
+    reason = tests["test_spins"]["reason"]
+    assert ("timed out: call still running" in reason) if not workers else ("crashed while running" in reason)
+    assert data["complete"] is bool(workers)  # under xdist the controller finishes the run
+
+
+@cuda_only
+def test_cuda_state_a_test_leaves_changed_fails_it(pytester):
+    result, tests, data = run(pytester, "LeavesStateBehind", """
+        import pytest
+        from harness.protocol import PolicyConfig
+        from tests.hostile_runtimes import CUDA_TAINTS
+
+        @pytest.mark.parametrize("pick", CUDA_TAINTS)
+        def test_taints(runtime, pick):
+            runtime.wrapped.pick = pick
+            runtime.capture_sizes(PolicyConfig())
+
+        def test_an_engine_cached_for_later_tests_is_not_taint(engines):
+            engines.get(mode="NONE", capture=False)
+    """, "-p", "no:xdist", subprocess=True, conftest="""
+        import torch
+
+        def pytest_configure(config):
+            torch.cuda.init()  # the state before the first test includes CUDA's
+    """)
+    reasons = "\n".join(entry["reason"] for entry in data["tests"] if "::test_taints[" in entry["nodeid"])
+    assert "torch CUDA RNG" in reasons and "MiB more than before the test" in reasons
+    assert tests["test_an_engine_cached_for_later_tests_is_not_taint"]["outcome"] == "passed"
