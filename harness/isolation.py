@@ -6,9 +6,9 @@ Taint, precisely: a change that outlives the test, to state the whole process sh
 change what a later test computes or how it runs. Tracked here (docs/reliability.md has the
 list with the reasons): the working directory, os.environ, whether the garbage collector is
 enabled; and where torch is imported, its default dtype and device, grad and inference mode,
-deterministic algorithms, TF32 and float32 matmul precision, the torch function and dispatch
-mode stacks, the global CPU RNG state, and where CUDA is initialised the CUDA RNG states and
-the CUDA memory still allocated.
+deterministic algorithms, the TF32, cuDNN and reduced-precision matmul flags, the float32 matmul
+precision, the torch function and dispatch mode stacks, the global CPU RNG state, and where
+CUDA is initialised the CUDA RNG states and the CUDA memory still allocated.
 
 Not taint: state the harness owns and changes on purpose (the graph log's wrapper around
 torch.cuda.CUDAGraph, engines the EngineFactory caches across tests and the memory they
@@ -47,11 +47,12 @@ def snapshot() -> dict[str, Any]:
     return {t.name: _read(t) for t in tracked()}
 
 
-def undo(before: dict[str, Any], ignore: frozenset[str] = frozenset()) -> list[str]:
-    """Compare the process with `before`; put back what changed where possible. One line per change."""
+def undo(before: dict[str, Any], keep: Callable[[str], bool] = lambda name: True) -> list[str]:
+    """Compare the process with `before` (the state named where `keep` says so); put back what
+    changed where possible. One line per change."""
     lines = []
     for t in tracked():
-        if t.name in ignore:
+        if not keep(t.name):
             continue
         was = before.get(t.name, t.default)  # absent: torch was imported during the test
         if was is UNSET:
@@ -199,6 +200,16 @@ def _torch_state(torch) -> list[Tracked]:
                 restore=set_attr(matmul, "allow_tf32")),
         Tracked("torch.backends.cudnn.allow_tf32", lambda: cudnn.allow_tf32, default=True,
                 restore=set_attr(cudnn, "allow_tf32")),
+        Tracked("torch.backends.cudnn.benchmark", lambda: cudnn.benchmark, default=False,
+                restore=set_attr(cudnn, "benchmark")),
+        Tracked("torch.backends.cudnn.deterministic", lambda: cudnn.deterministic, default=False,
+                restore=set_attr(cudnn, "deterministic")),
+        Tracked("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+                lambda: matmul.allow_fp16_reduced_precision_reduction, default=True,
+                restore=set_attr(matmul, "allow_fp16_reduced_precision_reduction")),
+        Tracked("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+                lambda: matmul.allow_bf16_reduced_precision_reduction, default=True,
+                restore=set_attr(matmul, "allow_bf16_reduced_precision_reduction")),
         Tracked("torch float32 matmul precision", torch.get_float32_matmul_precision, default="highest",
                 restore=lambda before, after: torch.set_float32_matmul_precision(before)),
         Tracked("torch function modes", function_modes, default=(), show=names,

@@ -15,6 +15,7 @@ Whatever happens, the report plugin still writes what ran.
 """
 from __future__ import annotations
 
+import builtins
 import gc
 import os
 import signal
@@ -39,6 +40,7 @@ BEFORE = pytest.StashKey[dict]()  # process state before the test (harness.isola
 HELD = pytest.StashKey[int]()  # engines the factories held when setup ended
 FIRST_ERROR = pytest.StashKey[str]()  # what the test raised first
 FAILED = pytest.StashKey[bool]()
+_GROUP = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+
 
 
 class RaisedInterrupt(Exception):
@@ -181,26 +183,28 @@ class Robustness:
             finally:
                 self._after(item)
 
-    # -- after a test: taint, then the CUDA context ------------------------------------------
+    # -- after a test: taint and the CUDA context -------------------------------------------
     def _after(self, item) -> None:
-        problems, broken = [], False
+        before = item.stash.get(BEFORE, None)
+        # State outside CUDA first: a mode or default device left behind must not fool the probe.
+        changes = isolation.undo(before, keep=lambda name: name not in isolation.CUDA_STATE) if before else []
+        broken = None
         if self.poisoned is None and GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
-            probe = self.probe()
-            if probe is not None:
-                broken, raised = True, item.stash.get(FIRST_ERROR, "nothing")
-                self.poisoned = (item.nodeid, raised, probe)
-                problems.append(f"the CUDA context is broken after this test (it raised {raised}): {probe}; "
-                                "later GPU tests in this process are skipped")
-        if BEFORE in item.stash:
-            # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak;
-            # and a broken context's state says nothing.
-            ignore = set(isolation.CUDA_STATE) if broken else set()
-            if item.stash.get(FAILED, False) or _engines_held(item) > item.stash.get(HELD, 0):
-                ignore.add(isolation.MEMORY)
-            changes = isolation.undo(item.stash[BEFORE], frozenset(ignore))
-            if changes:
-                problems.append("the test left process-wide state changed, which would taint the tests after it "
-                                "(docs/reliability.md):\n  " + "\n  ".join(changes))
+            broken = self.probe()
+            if broken is not None:
+                self.poisoned = (item.nodeid, item.stash.get(FIRST_ERROR, "nothing"), broken)
+        if before and broken is None:  # a broken context's state says nothing
+            # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak.
+            memory_counts = not item.stash.get(FAILED, False) and _engines_held(item) <= item.stash.get(HELD, 0)
+            changes += isolation.undo(before, keep=lambda name: name in isolation.CUDA_STATE
+                                      and (memory_counts or name != isolation.MEMORY))
+        problems = []
+        if broken is not None:
+            problems.append(f"the CUDA context is broken after this test (it raised {self.poisoned[1]}): {broken}; "
+                            "later GPU tests in this process are skipped")
+        if changes:
+            problems.append("the test left process-wide state changed, which would taint the tests after it "
+                            "(docs/reliability.md):\n  " + "\n  ".join(changes))
         if problems:
             pytest.fail(f"runtime {self.runtime_name!r}: " + "\n".join(problems), pytrace=False)
 
@@ -225,7 +229,11 @@ class Robustness:
         error = call.excinfo.value if call.excinfo else None
         if error is not None and report.failed and not isinstance(error, (AssertionError, pytest.fail.Exception)):
             item.stash.setdefault(FIRST_ERROR, describe_exception(error, 300))
-            report.sections.append(("what raised", self.what_raised(item, error, call.when)))
+            try:
+                origin = self.what_raised(item, error, call.when)
+            except Exception as exc:  # noqa: BLE001 - an exception hostile enough to break even this
+                origin = f"{describe_exception(error, 300)}; where it came from cannot be told ({describe_exception(exc)})"
+            report.sections.append(("what raised", origin))
         return report
 
     def _plain_report(self, item, call, failure: BaseException):
@@ -237,15 +245,18 @@ class Robustness:
                                  user_properties=item.user_properties)
 
     def what_raised(self, item, error: BaseException, when: str) -> str:
-        """Who raised: the runtime wherever one of its frames is on the traceback, else the owner of
-        the innermost frame (the harness, hypothesis, pytest, the test, a library)."""
-        frames = [(tb.tb_frame.f_globals.get("__name__") or "?", tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-                  for tb in _walk(error.__traceback__)]
+        """Who raised: the runtime wherever one of its frames is on the traceback (of the error, or of
+        one it wraps: hypothesis reports a flaky runtime's errors in a group), else the owner of the
+        innermost frame (the harness, hypothesis, pytest, the test, a library)."""
         text = f"{describe_exception(error, 500)} during {when} of {item.nodeid}"
-        ours = [f for f in frames if _top(f[0]) in self.runtime_packages]
-        if ours:
-            inside = "" if frames[-1] is ours[-1] else f" (inside {_owner(frames[-1][0], item)})"
-            return f"runtime {self.runtime_name!r} raised {text}, at {self._where(ours[-1])}{inside}"
+        for inner in _wrapped(error):
+            frames = _frames(inner)
+            ours = [f for f in frames if _top(f[0]) in self.runtime_packages]
+            if ours:
+                inside = "" if frames[-1] is ours[-1] else f" (inside {_owner(frames[-1][0], item)})"
+                through = "" if inner is error else f"{describe_exception(inner, 300)}, reported as "
+                return f"runtime {self.runtime_name!r} raised {through}{text}, at {self._where(ours[-1])}{inside}"
+        frames = _frames(error)
         if not frames:
             return f"raised {text}"
         owner = _owner(frames[-1][0], item)
@@ -277,10 +288,23 @@ def _bound(report) -> None:
                        for title, content in report.sections]
 
 
-def _walk(tb):
+def _frames(error: BaseException) -> list[tuple[str, str, int]]:
+    """(module, file, line) of each frame the exception passed through, outermost first."""
+    frames, tb = [], error.__traceback__
     while tb is not None:
-        yield tb
+        frames.append((tb.tb_frame.f_globals.get("__name__") or "?", tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
+    return frames
+
+
+def _wrapped(error: BaseException, depth: int = 0):
+    """The error, then the errors it carries (an exception group's members, its cause), a few levels deep."""
+    yield error
+    if depth < 3:
+        members = tuple(error.exceptions) if isinstance(error, _GROUP) else ()
+        for inner in (*members, error.__cause__):
+            if isinstance(inner, BaseException):
+                yield from _wrapped(inner, depth + 1)
 
 
 def _top(module: str) -> str:

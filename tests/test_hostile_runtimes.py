@@ -32,8 +32,9 @@ def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False
     result = (pytester.runpytest_subprocess(*argv) if subprocess
               else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
     output = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in output
+    assert "INTERNALERROR" not in output and result.ret != 0  # every run here has something to fail
     data = json.loads((pytester.path / "out" / f"conformance-{_name(runtime)}.json").read_text())
+    assert all(entry.get("reason") for entry in data["tests"] if entry["outcome"] != "passed"), data["tests"]
     tests = {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in data["tests"]}
     return result, tests, data
 
@@ -47,8 +48,14 @@ def outcomes(tests: dict) -> dict[str, str]:
     return {name: entry["outcome"] for name, entry in tests.items()}
 
 
+def hostile(name: str):
+    """The hostile runtime a self-test runs, in its id, for the catch table (tests/conftest.py)."""
+    return pytest.mark.parametrize("hostile", [name])
+
+
 # -- 1. any exception is a failure with a reason -------------------------------------------------
-def test_unprintable_and_world_ending_exceptions_fail_only_their_test(pytester):
+@hostile("RaisesTheUnprintable")
+def test_unprintable_and_world_ending_exceptions_fail_only_their_test(pytester, hostile, record_property):
     result, tests, data = run(pytester, "RaisesTheUnprintable", """
         from hypothesis import given, strategies as st
         from harness.protocol import PolicyConfig, RankBatch, ResolveRequest
@@ -92,6 +99,7 @@ def test_unprintable_and_world_ending_exceptions_fail_only_their_test(pytester):
     result.stdout.fnmatch_lines(["*warnings summary*", "test_inner.py::test_unprintable*",
                                  "*PytestUnraisableExceptionWarning*RaisesFromDel.__del__*"])
     assert data["device"].startswith("unknown: the runtime's device_description() raised UnprintableError")
+    record_property("caught_by", ["robustness: a failure with its reason", "safe: bounded text"])
 
 
 def test_a_real_ctrl_c_still_stops_the_run(pytester):
@@ -117,7 +125,8 @@ def test_a_real_ctrl_c_still_stops_the_run(pytester):
 
 
 # -- 2. wrong answers are failures that say what was wrong ---------------------------------------
-def test_wrong_answers_fail_with_what_was_wrong(pytester):
+@hostile("GivesWrongAnswers")
+def test_wrong_answers_fail_with_what_was_wrong(pytester, hostile, record_property):
     result, tests, data = run(pytester, "GivesWrongAnswers", """
         import pytest
         from harness.protocol import PolicyConfig, RankBatch, Request, ResolveRequest
@@ -165,6 +174,7 @@ def test_wrong_answers_fail_with_what_was_wrong(pytester):
     assert "reported runtime_mode 'TURBO'" in reasons["gives-wrong-answers-mode-not-in-vocabulary"]
     assert "returned 2 for 5 tokens" in reasons["gives-wrong-answers-padded_size-below-the-batch"]
     result.stdout.no_fnmatch_line("*what raised*")
+    record_property("caught_by", ["validate: the protocol boundary"])
 
 
 # -- 3. hangs in native code are bounded -------------------------------------------------------
@@ -191,7 +201,8 @@ MEMORY_LIMIT = """
 
 
 @linux_only
-def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester):
+@hostile("ExhaustsMemory+HangsInNativeCode")
+def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile, record_property):
     """Also memory exhaustion, capped by RLIMIT_AS in the subprocess: a failure, and the run goes on."""
     result, tests, data = run(pytester, "exhausts-then-hangs", """
         from harness.protocol import PolicyConfig
@@ -214,10 +225,12 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester):
     assert data["complete"] is False
     result.stderr.fnmatch_lines(["*cudagraph-conformance watchdog*", "*test_then_blocks_in_c*blocked in native code*",
                                  "*in _deadlock*", "Ending the process (exit code 1)*"])
+    record_property("caught_by", ["robustness: frames freed on MemoryError", "watchdog: report flushed, process ended"])
 
 
 @linux_only
-def test_xdist_replaces_a_worker_that_hangs_holding_the_gil(pytester):
+@hostile("HangsInNativeCode")
+def test_xdist_replaces_a_worker_that_hangs_holding_the_gil(pytester, hostile, record_property):
     """No Python thread runs while the GIL is held: faulthandler's C thread ends the worker, and the
     controller reports the test as failed and runs the rest on a new worker."""
     result, tests, data = run(pytester, "HangsInNativeCode", """
@@ -236,6 +249,7 @@ def test_xdist_replaces_a_worker_that_hangs_holding_the_gil(pytester):
     reason = tests["test_holds_the_gil_for_ever"]["reason"]
     assert "crashed while running" in reason and "blocked in native code past --test-timeout" in reason
     assert data["complete"] is True
+    record_property("caught_by", ["watchdog: faulthandler ends the worker", "xdist: a new worker runs the rest"])
 
 
 # -- 4. a poisoned CUDA context is decided by evidence -------------------------------------------
@@ -258,7 +272,8 @@ def test_words_in_a_message_poison_nothing_without_a_cuda_context(pytester):
     result.stdout.no_fnmatch_line("*poisoned*")
 
 
-def test_a_failing_probe_after_the_error_skips_later_gpu_tests(pytester):
+@hostile("MentionsCudaErrors")
+def test_a_failing_probe_after_the_error_skips_later_gpu_tests(pytester, hostile, record_property):
     # A stand-in for the probe: a context on this CPU-only machine that breaks once CUDA words were raised.
     result, tests, _ = run(pytester, "MentionsCudaErrors", CUDA_TESTS, conftest="""
         def pytest_configure(config):
@@ -272,10 +287,12 @@ def test_a_failing_probe_after_the_error_skips_later_gpu_tests(pytester):
     skip = tests["test_later_gpu_test"]["reason"]
     assert "poisoned by test_inner.py::test_raises_cuda_words[mentions-cuda-errors]" in skip
     assert "then torch.cuda.synchronize() raised (stand-in)" in skip
+    record_property("caught_by", ["robustness: the CUDA probe, not the words"])
 
 
 # -- 5. no taint between tests ------------------------------------------------------------------
-def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester):
+@hostile("LeavesStateBehind")
+def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester, hostile, record_property):
     result, tests, data = run(pytester, "LeavesStateBehind", """
         import gc, os
         import pytest
@@ -330,10 +347,12 @@ def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester):
                  "torch global CPU RNG", "torch function modes: [] -> [TorchFunctionMode]", "working directory",
                  "os.environ: added HOSTILE_RUNTIME_WAS_HERE='1'", "garbage collector enabled: True -> False"):
         assert what in reasons, what
+    record_property("caught_by", ["isolation: taint reported and put back"])
 
 
 # -- floods -------------------------------------------------------------------------------------
-def test_a_flood_of_output_is_bounded(pytester):
+@hostile("FloodsOutput")
+def test_a_flood_of_output_is_bounded(pytester, hostile, record_property):
     result, tests, _ = run(pytester, "FloodsOutput", """
         from harness.protocol import PolicyConfig
 
@@ -345,6 +364,7 @@ def test_a_flood_of_output_is_bounded(pytester):
     assert outcomes(tests) == {"test_floods_and_fails": "failed", "test_floods_and_passes": "passed"}
     assert len(result.stdout.str()) < 200_000  # the ten megabytes printed, cut to their ends
     result.stdout.fnmatch_lines(["*Captured stdout call*", "flood flood*characters cut*"])
+    record_property("caught_by", ["robustness: bounded report sections"])
 
 
 # -- on a GPU (the lead runs these on an H200; each inner run is a subprocess: a sticky error ends a
