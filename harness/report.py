@@ -7,6 +7,7 @@ crashes part-way still leaves a report of what ran: a test that started and neve
 """
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import subprocess
@@ -132,6 +133,11 @@ class RunReport:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # -- output -------------------------------------------------------------------------
+    @functools.cached_property
+    def device(self) -> str:
+        # Read once, at the first flush: the watchdog's flush must not wait on a device a test has wedged.
+        return device_description(self.runtime)
+
     def as_dict(self) -> dict:
         runtime = self.runtime
         tests = [self._as_ended(r) for r in sorted(self.results.values(), key=lambda r: r["nodeid"])]
@@ -142,7 +148,7 @@ class RunReport:
             "runtime": runtime.name,
             "version": runtime.version,
             "capabilities": asdict(runtime.capabilities),
-            "device": device_description(runtime),
+            "device": self.device,
             "graph_backend": self.conformance.graph_backend,
             "hypothesis": {"profile": self.conformance.hypothesis_profile, "seed": self.conformance.hypothesis_seed},
             "torch": torch_version,

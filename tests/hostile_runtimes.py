@@ -53,6 +53,10 @@ class Engine:
         self.runtime, self.config = runtime, config
         self.resolution = p.Resolution(config.policy.mode, "NONE")
         self.vocab = presets.preset(config.preset).vocab
+        if config.device.startswith("cuda"):  # what a KV cache holds on a GPU, for as long as the engine lives
+            import torch
+
+            self.kv_cache = torch.zeros(64 << 20, dtype=torch.uint8, device=config.device)
 
     def capture(self):
         return p.CaptureReport(graphs={}, seconds=0.0, memory_bytes=None)
@@ -313,6 +317,7 @@ class LeavesStateBehind(Runtime):
     """capture_sizes() changes the process-wide state named by `pick` and leaves it changed."""
 
     name = "leaves-state-behind"
+    capabilities = p.Capabilities(**POLICY, execution=True, graph_backends=("emulated", "cuda"))
 
     def capture_sizes(self, config):
         _taints()[self.pick]()

@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-import torch  # noqa: F401 - imported here, so in-process runs share it rather than import it again
+import torch  # imported here also so that in-process runs share it rather than import it again
 
 from tests import hostile_runtimes
 
@@ -56,7 +56,7 @@ def hostile(name: str):
 # -- 1. any exception is a failure with a reason -------------------------------------------------
 @hostile("RaisesTheUnprintable")
 def test_unprintable_and_world_ending_exceptions_fail_only_their_test(pytester, hostile, record_property):
-    result, tests, data = run(pytester, "RaisesTheUnprintable", """
+    result, tests, data = run(pytester, hostile, """
         from hypothesis import given, strategies as st
         from harness.protocol import PolicyConfig, RankBatch, ResolveRequest
 
@@ -127,7 +127,7 @@ def test_a_real_ctrl_c_still_stops_the_run(pytester):
 # -- 2. wrong answers are failures that say what was wrong ---------------------------------------
 @hostile("GivesWrongAnswers")
 def test_wrong_answers_fail_with_what_was_wrong(pytester, hostile, record_property):
-    result, tests, data = run(pytester, "GivesWrongAnswers", """
+    result, tests, data = run(pytester, hostile, """
         import pytest
         from harness.protocol import PolicyConfig, RankBatch, Request, ResolveRequest
         from tests.hostile_runtimes import WRONG_CAPTURE, WRONG_ENGINE, WRONG_POLICY, WRONG_STEPS
@@ -233,7 +233,7 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
 def test_xdist_replaces_a_worker_that_hangs_holding_the_gil(pytester, hostile, record_property):
     """No Python thread runs while the GIL is held: faulthandler's C thread ends the worker, and the
     controller reports the test as failed and runs the rest on a new worker."""
-    result, tests, data = run(pytester, "HangsInNativeCode", """
+    result, tests, data = run(pytester, hostile, """
         from harness.protocol import PolicyConfig
 
         def test_holds_the_gil_for_ever(runtime):
@@ -275,7 +275,7 @@ def test_words_in_a_message_poison_nothing_without_a_cuda_context(pytester):
 @hostile("MentionsCudaErrors")
 def test_a_failing_probe_after_the_error_skips_later_gpu_tests(pytester, hostile, record_property):
     # A stand-in for the probe: a context on this CPU-only machine that breaks once CUDA words were raised.
-    result, tests, _ = run(pytester, "MentionsCudaErrors", CUDA_TESTS, conftest="""
+    result, tests, _ = run(pytester, hostile, CUDA_TESTS, conftest="""
         def pytest_configure(config):
             robustness = config.pluginmanager.get_plugin("cudagraph-conformance-robustness")
             robustness.probe = lambda: "torch.cuda.synchronize() raised (stand-in) CUDA error: an illegal memory access"
@@ -293,7 +293,7 @@ def test_a_failing_probe_after_the_error_skips_later_gpu_tests(pytester, hostile
 # -- 5. no taint between tests ------------------------------------------------------------------
 @hostile("LeavesStateBehind")
 def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester, hostile, record_property):
-    result, tests, data = run(pytester, "LeavesStateBehind", """
+    result, tests, data = run(pytester, hostile, """
         import gc, os
         import pytest
         import torch
@@ -353,7 +353,7 @@ def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester, hostile,
 # -- floods -------------------------------------------------------------------------------------
 @hostile("FloodsOutput")
 def test_a_flood_of_output_is_bounded(pytester, hostile, record_property):
-    result, tests, _ = run(pytester, "FloodsOutput", """
+    result, tests, _ = run(pytester, hostile, """
         from harness.protocol import PolicyConfig
 
         def test_floods_and_fails(runtime):
