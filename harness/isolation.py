@@ -169,7 +169,8 @@ def _torch_state(torch) -> list[Tracked]:
         return restore
 
     def names(before, after):
-        return f"[{', '.join(type(m).__qualname__ for m in before)}] -> [{', '.join(type(m).__qualname__ for m in after)}]"
+        listed = [", ".join(type(m).__qualname__ for m in modes) for modes in (before, after)]
+        return f"[{listed[0]}] -> [{listed[1]}]"
 
     def _restore_deterministic(before, after):
         if "torch._inductor.config" in sys.modules:  # keep inductor's copy of the flag in step
@@ -217,7 +218,7 @@ def _torch_state(torch) -> list[Tracked]:
                 restore=pop_extra(function_modes, torch._C._pop_torch_function_stack)),
         Tracked("torch dispatch modes", lambda: tuple(_python_dispatch._get_current_dispatch_mode_stack()),
                 default=(), show=names, same=lambda before, after: [id(m) for m in before] == [id(m) for m in after],
-                restore=pop_extra(lambda: _python_dispatch._get_current_dispatch_mode_stack(), _python_dispatch._pop_mode)),
+                restore=pop_extra(_python_dispatch._get_current_dispatch_mode_stack, _python_dispatch._pop_mode)),
         Tracked("torch global CPU RNG (torch.get_rng_state)", torch.get_rng_state, same=torch.equal, show=rng_changed,
                 restore=lambda before, after: torch.set_rng_state(before)),
     ]

@@ -215,7 +215,8 @@ class ObservedEngine:
         return self._answer("static_buffer_addresses()", self.engine.static_buffer_addresses(), validate.addresses)
 
     def slot_of(self, request_id: int, position: int):
-        return self._answer(f"slot_of({request_id}, {position})", self.engine.slot_of(request_id, position), validate.slot)
+        slot = self.engine.slot_of(request_id, position)
+        return self._answer(f"slot_of({request_id}, {position})", slot, validate.slot)
 
     def _answer(self, call: str, result, validator):
         problem = validator(result)

@@ -190,7 +190,7 @@ class RunReport:
                                                  regressions=self.regressions if self.baseline_runs else None).plots
             else:
                 md_path.write_text(render.render_markdown(data))
-        except Exception as exc:  # noqa: BLE001 - the JSON is written; a summary that cannot render must not end the run
+        except Exception as exc:  # noqa: BLE001 - the JSON is written; a summary that fails must not end the run
             self.render_error = f"the Markdown summary could not be rendered: {describe_exception(exc)}"
             md_path.write_text(f"# Conformance report: {self.runtime.name}\n\n{self.render_error}. "
                                f"{json_path.name} beside this file has every result.\n")

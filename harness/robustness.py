@@ -232,7 +232,8 @@ class Robustness:
             try:
                 origin = self.what_raised(item, error, call.when)
             except Exception as exc:  # noqa: BLE001 - an exception hostile enough to break even this
-                origin = f"{describe_exception(error, 300)}; where it came from cannot be told ({describe_exception(exc)})"
+                origin = (f"{describe_exception(error, 300)}; where it came from cannot be told "
+                          f"({describe_exception(exc)})")
             report.sections.append(("what raised", origin))
         return report
 
@@ -260,8 +261,8 @@ class Robustness:
         if not frames:
             return f"raised {text}"
         owner = _owner(frames[-1][0], item)
-        blame = "; the test or its strategy and settings, not the runtime" if owner == "hypothesis" else "; not the runtime"
-        return f"{owner} raised {text}, at {self._where(frames[-1])}{blame}"
+        blame = "the test or its strategy and settings, not the runtime" if owner == "hypothesis" else "not the runtime"
+        return f"{owner} raised {text}, at {self._where(frames[-1])}; {blame}"
 
     def _where(self, frame) -> str:
         path = Path(frame[1])

@@ -27,7 +27,8 @@ def _never_raises(validator):
         try:
             return validator(value, *args)
         except Exception as exc:  # noqa: BLE001 - the answer is what is broken
-            return f"returned {safe_repr(value)}, which the harness could not even inspect ({describe_exception(exc, 300)})"
+            return (f"returned {safe_repr(value)}, which the harness could not even inspect "
+                    f"({describe_exception(exc, 300)})")
     return guarded
 
 
@@ -46,7 +47,7 @@ def padded_size(value, num_tokens: int) -> str | None:
     if not _is_int(value):
         return f"returned {safe_repr(value)}; expected an int or None (None: the batch runs eager)"
     if value < num_tokens:
-        return f"returned {value} for {num_tokens} tokens; a padded size holds every real token (an int >= {num_tokens})"
+        return f"returned {value} for {num_tokens} tokens; a padded size holds every real token (>= {num_tokens})"
     return None
 
 
@@ -145,7 +146,8 @@ def step_inputs(value, padded_num_tokens: int) -> str | None:
 def engine(value) -> str | None:
     missing = [name for name in ENGINE_OPERATIONS if not callable(getattr(value, name, None))]
     if missing:
-        return f"returned {safe_repr(value)}, which has no {', '.join(missing)}: expected an Engine (harness/protocol.py)"
+        return (f"returned {safe_repr(value)}, which has no {', '.join(missing)}: "
+                "expected an Engine (harness/protocol.py)")
     return None
 
 

@@ -65,7 +65,7 @@ class Engine:
         import torch
 
         n = sum(len(r.token_ids) for r in requests)
-        return p.StepResult(torch.zeros(n, self.vocab), "NONE", n, n)
+        return p.StepResult(torch.zeros(n, self.vocab, device=self.config.device), "NONE", n, n)
 
     def eager_step(self, requests, padded_num_tokens):
         return self.step(requests)
@@ -137,7 +137,13 @@ WRONG_STEPS = {  # answers to a one-token step, each wrong in one way: (torch, v
     "mode-not-in-vocabulary": lambda torch, vocab: p.StepResult(torch.ones(1, vocab), "TURBO", 1, 1),
     "padded-negative": lambda torch, vocab: p.StepResult(torch.ones(1, vocab), "NONE", 1, -4),
     "padded-not-int": lambda torch, vocab: p.StepResult(torch.ones(1, vocab), "NONE", 1, 2.5),
+    "attributes-raise": lambda torch, vocab: _AttributesRaise(),
 }
+
+
+class _AttributesRaise:
+    def __getattr__(self, name):
+        raise ZeroDivisionError(f"reading {name} divides by zero")
 WRONG_POLICY = {  # operation -> answers it gives in turn
     "capture_sizes": {"None": None, "str": "1,2,4", "negative": [1, -2], "not-int": [1, 2.5]},
     "padded_size": {"negative": -3, "float": 8.0, "str": "8", "below-the-batch": 2},

@@ -173,6 +173,7 @@ def test_wrong_answers_fail_with_what_was_wrong(pytester, hostile, record_proper
     assert "returned None; expected a StepResult" in reasons["gives-wrong-answers-None"]
     assert "reported runtime_mode 'TURBO'" in reasons["gives-wrong-answers-mode-not-in-vocabulary"]
     assert "returned 2 for 5 tokens" in reasons["gives-wrong-answers-padded_size-below-the-batch"]
+    assert "could not even inspect (ZeroDivisionError" in reasons["gives-wrong-answers-attributes-raise"]
     result.stdout.no_fnmatch_line("*what raised*")
     record_property("caught_by", ["validate: the protocol boundary"])
 
@@ -374,8 +375,8 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 @cuda_only
 def test_an_illegal_memory_access_poisons_later_gpu_tests_by_evidence(pytester):
-    result, tests, _ = run(pytester, "BreaksTheCudaContext", CUDA_TESTS.replace("test_raises_cuda_words", "test_illegal"),
-                           "-p", "no:xdist", subprocess=True)
+    tests_source = CUDA_TESTS.replace("test_raises_cuda_words", "test_illegal")
+    result, tests, _ = run(pytester, "BreaksTheCudaContext", tests_source, "-p", "no:xdist", subprocess=True)
     assert outcomes(tests) == {"test_illegal": "failed", "test_later_gpu_test": "skipped", "test_policy_only": "passed"}
     assert "illegal memory access" in tests["test_illegal"]["reason"]
     assert "the CUDA context is broken after this test" in tests["test_illegal"]["reason"]
