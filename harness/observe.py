@@ -76,6 +76,10 @@ class RuntimeProxy:
         result = self.wrapped.dp_dispatch(config, ranks)
         return list(self._answer("dp_dispatch()", result, validate.dispatches(result, len(ranks))))
 
+    def build(self, config):
+        result = self.wrapped.build(config)
+        return self._answer("build()", result, validate.engine(result))
+
 
 @dataclass
 class StepSeen:
@@ -92,7 +96,7 @@ class ObservedEngine:
         self.engine = engine
         self.factory = factory
         self.config = config
-        self.resolution = engine.resolution
+        self.resolution = getattr(engine, "resolution", None)
         problem = validate.resolution(self.resolution)
         if problem:
             _fail(factory.check, f"the engine's resolution {problem}")
@@ -207,6 +211,19 @@ class ObservedEngine:
             _fail(self.factory.check, f"the engine's last_step_inputs() {problem}")
         return inputs
 
+    def static_buffer_addresses(self):
+        return self._answer("static_buffer_addresses()", self.engine.static_buffer_addresses(), validate.addresses)
+
+    def slot_of(self, request_id: int, position: int):
+        slot = self.engine.slot_of(request_id, position)
+        return self._answer(f"slot_of({request_id}, {position})", slot, validate.slot)
+
+    def _answer(self, call: str, result, validator):
+        problem = validator(result)
+        if problem:
+            _fail(self.factory.check, f"the engine's {call} {problem}")
+        return result
+
     def release(self, request_id: int) -> None:
         self.live.discard(request_id)
         self.engine.release(request_id)
@@ -249,6 +266,11 @@ class EngineFactory:
 
     def bind(self, check: Check | None) -> None:
         self._check = check
+
+    @property
+    def engines_held(self) -> int:
+        """Engines cached for later tests (their memory is the factory's, not a leak of the test that built them)."""
+        return len(self._engines)
 
     @property
     def check(self) -> Check:

@@ -51,7 +51,9 @@ def pytest_addoption(parser):
     group.addoption("--bench-preset", default="small", metavar="NAME",
                     help="model preset for the benchmark lane (default %(default)s)")
     group.addoption("--test-timeout", type=float, default=600.0, metavar="SECONDS",
-                    help="fail a test that runs longer than this (default %(default)s; 0 turns it off)")
+                    help="fail a test phase (setup, call, teardown) that runs longer than this; one blocked in native "
+                         "code ends the process after a grace period, with its stacks and a report "
+                         "(default %(default)s; 0 turns it off)")
 
 
 class Conformance:
@@ -116,7 +118,7 @@ def pytest_configure(config):
     conformance = Conformance(config, runtime, option)
     config.stash[CONFORMANCE] = conformance
     config.pluginmanager.register(conformance, "cudagraph-conformance")
-    config.pluginmanager.register(robustness.Robustness(config, runtime.name), "cudagraph-conformance-robustness")
+    config.pluginmanager.register(robustness.Robustness(config, runtime), "cudagraph-conformance-robustness")
     try:
         known = known_failures.KnownFailurePlugin.from_config(config, runtime, conformance.graph_backend)
     except known_failures.KnownFailuresError as exc:
@@ -129,7 +131,7 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--baseline: {exc}") from None
         except report.ReportDirError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config.pluginmanager.register(run_report, "cudagraph-conformance-report")
+        config.pluginmanager.register(run_report, report.PLUGIN_NAME)
 
 
 def _load_hypothesis_profile(config) -> str:

@@ -58,7 +58,9 @@ def seeded_model(name: str, seed: int = 0):
     config = hf_config(name)
     config._attn_implementation = "eager"
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU generator only: torch.manual_seed would reseed every CUDA device too, which
+        # fork_rng(devices=[]) does not put back (harness.isolation counts that as taint).
+        torch.default_generator.manual_seed(seed)
         return LlamaForCausalLM(config).eval()
 
 

@@ -8,6 +8,7 @@ from importlib import metadata
 from typing import Callable
 
 from .protocol import Capabilities
+from .safe import safe_repr
 
 ENTRY_POINT_GROUP = "cudagraph_conformance.runtimes"
 DEFAULT_RUNTIME = "reference"
@@ -87,7 +88,10 @@ def describe_available(entries: dict[str, RuntimeEntry]) -> str:
 def check(runtime, origin: str) -> None:
     for attr in ("name", "version", "capabilities"):
         if not hasattr(runtime, attr):
-            raise RuntimeLoadError(f"{origin} returned {runtime!r}, which has no {attr!r}: not a runtime")
+            raise RuntimeLoadError(f"{origin} returned {safe_repr(runtime)}, which has no {attr!r}: not a runtime")
+    for attr in ("name", "version"):  # they name reports and files, and appear in every message
+        if not isinstance(getattr(runtime, attr), str) or not getattr(runtime, attr):
+            raise RuntimeLoadError(f"{origin}: {attr} must be a non-empty str, got {safe_repr(getattr(runtime, attr))}")
     if not isinstance(runtime.capabilities, Capabilities):
         raise RuntimeLoadError(
             f"{origin}: capabilities must be a harness.protocol.Capabilities, got {type(runtime.capabilities).__name__}"

@@ -25,7 +25,8 @@ from .safe import describe_exception
 from .vocabulary import CONFIG_MODES as REQUESTED
 from .vocabulary import SUPPORT_LEVELS as SUPPORTS
 
-OUTCOME_ORDER = ["failed", "error", "xpassed", "passed", "xfailed", "skipped"]  # how a cell lists them
+# How a cell lists them ("interrupted" and "running": tests a stopped or crashed run never finished).
+OUTCOME_ORDER = ["failed", "error", "interrupted", "running", "xpassed", "passed", "xfailed", "skipped"]
 # Each measurement, and the suite that records it.
 MEASUREMENTS = {"grid": "test_padding.py", "resolution": "test_mode_resolution.py",
                 "capture": "test_capture_accounting.py", "launches": "test_launch_overhead.py",

@@ -2,10 +2,12 @@
 (by `harness.render`, which also draws the plots and compares against a baseline).
 
 It is written when the session ends and also every few seconds while tests run, so a run that
-crashes part-way still leaves a report of what ran.
+crashes part-way still leaves a report of what ran: a test that started and never finished is
+"running" there (or "interrupted" when the run was stopped), and `complete` is false.
 """
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import subprocess
@@ -20,9 +22,10 @@ import pytest
 
 from . import render
 from .records import SCHEMA_VERSION
-from .safe import safe_str
+from .safe import describe_exception, safe_str
 
 FLUSH_SECONDS = 5.0
+PLUGIN_NAME = "cudagraph-conformance-report"
 
 
 class ReportDirError(Exception):
@@ -41,7 +44,10 @@ def report_dir(value: str | None) -> Path | None:
 def device_description(runtime) -> str:
     describe = getattr(runtime, "device_description", None)
     if callable(describe):
-        return describe()
+        try:
+            return safe_str(describe(), 200)
+        except Exception as exc:  # noqa: BLE001 - the runtime's own description is a courtesy
+            return f"unknown: the runtime's device_description() raised {describe_exception(exc, 200)}"
     if "torch" in sys.modules or runtime.capabilities.execution:
         try:
             import torch
@@ -80,11 +86,14 @@ class RunReport:
         self.runtime = conformance.runtime
         self.directory = report_dir(config.getoption("report_dir"))
         self.results: dict[str, dict] = {}
+        self.finished_tests: set[str] = set()  # every phase reported
         self.started = time.time()
         self.last_flush = 0.0
         self.written: list[Path] = []
         self.plots: list[Path] = []
         self.finished = False
+        self.interrupted = False
+        self.render_error: str | None = None
         # Read now, so a bad --baseline is a usage error before any test runs.
         self.baseline_runs = [render.load_run(path) for path in config.getoption("baseline", None) or []]
         self.threshold = config.getoption("regression_threshold", 0.10)
@@ -102,11 +111,23 @@ class RunReport:
         if _SEVERITY[outcome] > _SEVERITY[entry["outcome"]]:
             entry["outcome"] = outcome
             entry["reason"] = _reason(report)
+        elif outcome in ("failed", "error") and entry["outcome"] in ("failed", "error"):
+            # A failed test whose teardown fails too (taint, a broken CUDA context): both reasons count.
+            entry["reason"] += f"\n\nthen, in {report.when}: {_reason(report)}"
+        if report.when not in ("setup", "call"):  # teardown, or xdist's report of a crashed worker
+            self.finished_tests.add(report.nodeid)
         if time.time() - self.last_flush > FLUSH_SECONDS:
             self.write()
 
+    def record_crash(self, nodeid: str, when: str, reason: str) -> None:
+        """A test the process cannot finish (harness.watchdog): into the report, written now."""
+        self.pytest_runtest_logreport(pytest.TestReport(nodeid, (nodeid.split("::")[0], None, nodeid), {}, "failed",
+                                                        reason, when))
+        self.write()
+
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished = True
+        self.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         self.write()
         if self.regressions and self.config.getoption("fail_on_regression", False) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -127,16 +148,22 @@ class RunReport:
             terminalreporter.write_line(f"baseline comparison: no regression {beyond}")
 
     # -- output -------------------------------------------------------------------------
+    @functools.cached_property
+    def device(self) -> str:
+        # Read once, at the first flush: the watchdog's flush must not wait on a device a test has wedged.
+        return device_description(self.runtime)
+
     def as_dict(self) -> dict:
         runtime = self.runtime
-        counts = Counter(r["outcome"] for r in self.results.values())
+        tests = [self._as_ended(r) for r in sorted(self.results.values(), key=lambda r: r["nodeid"])]
+        counts = Counter(r["outcome"] for r in tests)
         torch_version = _torch_version()
         return {
             "schema_version": SCHEMA_VERSION,
             "runtime": runtime.name,
             "version": runtime.version,
             "capabilities": asdict(runtime.capabilities),
-            "device": device_description(runtime),
+            "device": self.device,
             "graph_backend": self.conformance.graph_backend,
             "hypothesis": {"profile": self.conformance.hypothesis_profile, "seed": self.conformance.hypothesis_seed},
             "torch": torch_version,
@@ -145,10 +172,18 @@ class RunReport:
             "args": list(self.config.invocation_params.args),
             "started": self.started,
             "seconds": round(time.time() - self.started, 3),
-            "complete": self.finished,
+            "complete": self.finished and not self.interrupted,
             "summary": dict(counts),
-            "tests": sorted(self.results.values(), key=lambda r: r["nodeid"]),
+            "tests": tests,
         }
+
+    def _as_ended(self, entry: dict) -> dict:
+        """A test with phases still to come: running now, or interrupted when the run was stopped."""
+        if entry["nodeid"] in self.finished_tests or entry["outcome"] != "passed":
+            return entry
+        if self.finished:
+            return {**entry, "outcome": "interrupted", "reason": "the run was stopped before this test finished"}
+        return {**entry, "outcome": "running"}
 
     def write(self) -> None:
         self.last_flush = time.time()
@@ -162,16 +197,25 @@ class RunReport:
         self.directory.mkdir(parents=True, exist_ok=True)
         stem = self.directory / f"conformance-{self.runtime.name}"
         json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
-        json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        if self.finished:  # plots once, at the end: the flushes during the run refresh only the text
-            self.plots = render.write_report([data], self.directory, md_path.name, threshold=self.threshold,
-                                             regressions=self.regressions if self.baseline_runs else None).plots
-        else:
-            md_path.write_text(render.render_markdown(data))
+        json_path.write_text(json.dumps(data, indent=1, default=safe_str) + "\n")
         self.written = [json_path, md_path]
+        try:
+            if self.finished:  # plots once, at the end: the flushes during the run refresh only the text
+                self.plots = render.write_report([data], self.directory, md_path.name, threshold=self.threshold,
+                                                 regressions=self.regressions if self.baseline_runs else None).plots
+            else:
+                md_path.write_text(render.render_markdown(data))
+        except Exception as exc:  # noqa: BLE001 - the JSON is written; a summary that fails must not end the run
+            self.render_error = f"the Markdown summary could not be rendered: {describe_exception(exc)}"
+            md_path.write_text(f"# Conformance report: {self.runtime.name}\n\n{self.render_error}. "
+                               f"{json_path.name} beside this file has every result.\n")
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None and self.finished:
+                terminal.write_line(f"cudagraph-conformance: {self.render_error}", yellow=True)
 
 
 _SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "error": 4, "failed": 5}
+# Reported only for tests that never finished: "running" (a flush during the test), "interrupted".
 
 
 def _outcome(report) -> str:
@@ -181,7 +225,7 @@ def _outcome(report) -> str:
         return "passed"
     if report.skipped:
         return "skipped"
-    return "failed" if report.when == "call" else "error"
+    return "error" if report.when in ("setup", "teardown") else "failed"  # xdist's crash reports say when="???"
 
 
 def _reason(report) -> str:

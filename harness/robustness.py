@@ -1,68 +1,341 @@
-"""Keeping a run alive when the runtime under test misbehaves.
+"""Keeping a run alive, and its report true, whatever the runtime under test does.
 
-- A test that runs past `--test-timeout` seconds fails with a TimeoutError (SIGALRM, where the
-  platform has it) instead of hanging the run.
-- A runtime exception fails its test with a section naming the runtime.
-- A sticky CUDA error (an illegal address, a device-side assert) poisons the context for the
-  rest of the process: later tests that build engines are skipped with the poisoning test's id.
+- Time: every test phase (setup, call, teardown) that runs past `--test-timeout` fails with a
+  TimeoutError (SIGALRM); one blocked where SIGALRM cannot reach (native code) is ended by the
+  watchdog (harness.watchdog), which records it in the report first.
+- Exceptions: anything raised is a failure with a reason, never an internal error. A raised
+  KeyboardInterrupt ends only its test (a real Ctrl-C, seen by this module's SIGINT handler,
+  still ends the run); an exception pytest cannot format still gives a report; reports and
+  captured output are bounded; a "what raised" section names the runtime, the harness, the
+  test or a library (hypothesis, torch) by where the exception came from.
+- CUDA: a context counts as poisoned only on evidence: a tiny kernel and a synchronize fail
+  after a test. Later GPU tests are then skipped, naming the test and the probe's result.
+- Taint: process-wide state a test changed is put back and fails that test (harness.isolation).
 Whatever happens, the report plugin still writes what ran.
 """
 from __future__ import annotations
 
-import re
+import builtins
+import gc
+import os
 import signal
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-STICKY_CUDA_ERROR = re.compile(
-    r"illegal memory access|illegal instruction|device-side assert|unspecified launch failure|"
-    r"misaligned address|CUDA error: (an )?illegal|cudaErrorIllegalAddress|CUBLAS_STATUS_EXECUTION_FAILED",
-    re.IGNORECASE,
-)
+from . import isolation
+from .report import PLUGIN_NAME as REPORT_PLUGIN
+from .safe import bounded, describe_exception, safe_str
+from .watchdog import Watchdog
+
+REPORT_LIMIT = 20_000  # characters of a failure's text or a captured-output section
+RUNTIME_FIXTURES = {"runtime", "engines", "engine_factory", "bench_engines"}  # tests that run runtime code
+GPU_FIXTURES = {"engines", "engine_factory", "bench_engines"}  # tests that need a working CUDA context
+BEFORE = pytest.StashKey[dict]()  # process state before the test (harness.isolation)
+HELD = pytest.StashKey[int]()  # engines the factories held when setup ended
+FIRST_ERROR = pytest.StashKey[str]()  # what the test raised first
+FAILED = pytest.StashKey[bool]()
+_GROUP = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+
+
+
+class RaisedInterrupt(Exception):
+    """A KeyboardInterrupt that no Ctrl-C caused: raised by the code under test, it ends its test only."""
+
+
+def cuda_probe() -> str | None:
+    """What failed when a one-element kernel and a synchronize ran; None where they worked or where
+    no CUDA context exists to judge (torch not imported, or CUDA never initialised)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        value = (torch.ones(1, device="cuda") + 1).item()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the failure is the answer
+        return f"a one-element kernel and torch.cuda.synchronize() raised {describe_exception(exc, 300)}"
+    return None if value == 2 else f"a one-element kernel computed {value}, not 2"
 
 
 class Robustness:
-    def __init__(self, config, runtime_name: str):
-        self.timeout = config.getoption("test_timeout")
-        self.runtime_name = runtime_name
-        self.poisoned: tuple[str, str] | None = None  # (test id, error) that broke the CUDA context
+    def __init__(self, config, runtime):
+        self.config = config
+        self.timeout = float(config.getoption("test_timeout") or 0)
+        self.grace = min(self.timeout, 30.0)  # SIGALRM's chance before the watchdog acts, then faulthandler's
+        self.runtime_name = runtime.name
+        self.runtime_packages = _packages_of(type(runtime))
+        self.probe = cuda_probe  # replaceable: the self-tests stand in a broken context on the CPU
+        self.poisoned: tuple[str, str, str] | None = None  # (test, what it raised, what the probe saw)
+        self.ctrl_c = False  # a real SIGINT arrived (a person pressed Ctrl-C)
+        self.watchdog: Watchdog | None = None
+        self._saved_handlers: dict = {}
+        self._stderr_fd: int | None = None
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item):
-        if self.poisoned and {"engines", "bench_engines"} & set(getattr(item, "fixturenames", ())):
-            nodeid, error = self.poisoned
-            pytest.skip(f"the CUDA context was poisoned by {nodeid} ({error}); GPU tests after it cannot run")
+    # -- session ----------------------------------------------------------------------------
+    def pytest_sessionstart(self, session):
+        if _main_thread():
+            self._saved_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_sigint)
+        if self.timeout:
+            self._stderr_fd = os.dup(2)  # the terminal: capture is suspended between tests
+            exit_by_faulthandler = not float(self.config.getini("faulthandler_timeout") or 0)
+            self.watchdog = Watchdog(self._stderr_fd, self._expired, faulthandler_too=exit_by_faulthandler)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(self, item):
-        armed = self.timeout and hasattr(signal, "SIGALRM")
-        if armed:
-            def expire(signum, frame):
-                raise TimeoutError(f"test ran past --test-timeout={self.timeout:g} s (runtime {self.runtime_name!r})")
+    def pytest_unconfigure(self, config):
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self._stderr_fd is not None:
+            os.close(self._stderr_fd)
+        for signum, handler in self._saved_handlers.items():
+            signal.signal(signum, handler)
 
-            previous = signal.signal(signal.SIGALRM, expire)
-            signal.setitimer(signal.ITIMER_REAL, self.timeout)
+    def _on_sigint(self, signum, frame):
+        self.ctrl_c = True
+        previous = self._saved_handlers.get(signal.SIGINT)
+        if previous is signal.SIG_IGN:
+            return
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    def _expired(self, nodeid: str, when: str, seconds: float) -> None:
+        """The watchdog's last act before it ends the process: the test goes into the report."""
+        run_report = self.config.pluginmanager.get_plugin(REPORT_PLUGIN)
+        if run_report is not None:  # absent on xdist workers: the controller reports the crash
+            run_report.record_crash(nodeid, when, (
+                f"timed out: {when} still running {seconds:g} s after it started (--test-timeout={self.timeout:g} s "
+                f"and its grace), blocked where SIGALRM cannot reach (native code); the watchdog dumped every "
+                f"thread's stack to stderr and ended the process (runtime {self.runtime_name!r})"))
+
+    # -- every phase: bounded in time, a raised KeyboardInterrupt ends only the test ----------
+    @contextmanager
+    def _phase(self, item, when: str):
+        previous = self._arm(item.nodeid, when)
         try:
             yield
+        except KeyboardInterrupt as exc:
+            if self.ctrl_c:
+                raise
+            raise RaisedInterrupt(f"{describe_exception(exc)} was raised by the code under test, not by Ctrl-C: "
+                                  "it ends this test only").with_traceback(exc.__traceback__) from None
+        except MemoryError as exc:
+            # The frames hold whatever filled memory; free it so the report can be written.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
-            if armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+            self._disarm(previous)
 
-    @pytest.hookimpl(hookwrapper=True)
+    def _arm(self, nodeid: str, when: str):
+        if not self.timeout:
+            return None
+        previous = None
+        if _main_thread() and hasattr(signal, "SIGALRM"):
+            def expire(signum, frame):
+                raise TimeoutError(f"test ran past --test-timeout={self.timeout:g} s in {when} "
+                                   f"(runtime {self.runtime_name!r})")
+
+            handler = signal.signal(signal.SIGALRM, expire)
+            outer, _ = signal.setitimer(signal.ITIMER_REAL, self.timeout)
+            previous = (handler, outer, time.monotonic())
+        if self.watchdog is not None:
+            self.watchdog.arm(nodeid, when, self.timeout + self.grace, self.timeout + 2 * self.grace)
+        return previous
+
+    def _disarm(self, previous) -> None:
+        if not self.timeout:
+            return
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+        if previous is not None:
+            handler, outer, started = previous
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, handler)
+            if outer:  # a session around this one (pytester) had an alarm running: give it back what is left
+                signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        if RUNTIME_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.stash[BEFORE] = isolation.snapshot()
+        with self._phase(item, "setup"):
+            self._skip_if_poisoned(item)
+            result = yield
+        item.stash[HELD] = _engines_held(item)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        with self._phase(item, "call"):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        with self._phase(item, "teardown"):
+            if BEFORE in item.stash:
+                # The test's young garbage, now: a __del__ that raises there is reported with this test
+                # (pytest collects unraisable exceptions at the end of the phase), not with a later one.
+                gc.collect(1)
+            try:
+                return (yield)
+            finally:
+                self._after(item)
+
+    # -- after a test: taint and the CUDA context -------------------------------------------
+    def _after(self, item) -> None:
+        before = item.stash.get(BEFORE, None)
+        # State outside CUDA first: a mode or default device left behind must not fool the probe.
+        changes = isolation.undo(before, keep=lambda name: name not in isolation.CUDA_STATE) if before else []
+        broken = None
+        if self.poisoned is None and GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+            broken = self.probe()
+            if broken is not None:
+                self.poisoned = (item.nodeid, item.stash.get(FIRST_ERROR, "nothing"), broken)
+        if before and broken is None:  # a broken context's state says nothing
+            # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak.
+            memory_counts = not item.stash.get(FAILED, False) and _engines_held(item) <= item.stash.get(HELD, 0)
+            changes += isolation.undo(before, keep=lambda name: name in isolation.CUDA_STATE
+                                      and (memory_counts or name != isolation.MEMORY))
+        problems = []
+        if broken is not None:
+            problems.append(f"the CUDA context is broken after this test (it raised {self.poisoned[1]}): {broken}; "
+                            "later GPU tests in this process are skipped")
+        if changes:
+            problems.append("the test left process-wide state changed, which would taint the tests after it "
+                            "(docs/reliability.md):\n  " + "\n  ".join(changes))
+        if problems:
+            pytest.fail(f"runtime {self.runtime_name!r}: " + "\n".join(problems), pytrace=False)
+
+    def _skip_if_poisoned(self, item) -> None:
+        if self.poisoned and GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+            nodeid, raised, probe = self.poisoned
+            pytest.skip(f"the CUDA context was poisoned by {nodeid} (it raised {raised}; then {probe}): "
+                        "GPU tests after it cannot run in this process")
+
+    # -- reports: always made, bounded, and naming what raised --------------------------------
+    @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: sees pytest's report before other plugins do
     def pytest_runtest_makereport(self, item, call):
-        outcome = yield
-        report = outcome.get_result()
-        if call.excinfo is None or not report.failed:
-            return
-        error = call.excinfo.value
-        if isinstance(error, (AssertionError, pytest.fail.Exception)):
-            return
-        text = f"{type(error).__name__}: {error}"
-        report.sections.append(("runtime error", f"runtime {self.runtime_name!r} raised {text.splitlines()[0]} "
-                                                 f"during {call.when} of {item.nodeid}"))
-        if STICKY_CUDA_ERROR.search(text) and self.poisoned is None:
-            self.poisoned = (item.nodeid, text.splitlines()[0][:200])
+        try:
+            report = yield
+        except BaseException as exc:  # noqa: BLE001 - pytest could not format what the test raised
+            if isinstance(exc, KeyboardInterrupt) and self.ctrl_c:
+                raise
+            report = self._plain_report(item, call, exc)
+        _bound(report)
+        if report.failed:
+            item.stash[FAILED] = True
+        error = call.excinfo.value if call.excinfo else None
+        if error is not None and report.failed and not isinstance(error, (AssertionError, pytest.fail.Exception)):
+            item.stash.setdefault(FIRST_ERROR, describe_exception(error, 300))
+            try:
+                origin = self.what_raised(item, error, call.when)
+            except Exception as exc:  # noqa: BLE001 - an exception hostile enough to break even this
+                origin = (f"{describe_exception(error, 300)}; where it came from cannot be told "
+                          f"({describe_exception(exc)})")
+            report.sections.append(("what raised", origin))
+        return report
+
+    def _plain_report(self, item, call, failure: BaseException):
+        raised = describe_exception(call.excinfo.value) if call.excinfo else "nothing"
+        text = (f"{call.when} raised {raised}; pytest could not format it ({describe_exception(failure)}), "
+                "so this is all the harness can say")
+        return pytest.TestReport(item.nodeid, item.location, {}, "failed", text, call.when,
+                                 duration=call.duration, start=call.start, stop=call.stop,
+                                 user_properties=item.user_properties)
+
+    def what_raised(self, item, error: BaseException, when: str) -> str:
+        """Who raised: the runtime wherever one of its frames is on the traceback (of the error, or of
+        one it wraps: hypothesis reports a flaky runtime's errors in a group), else the owner of the
+        innermost frame (the harness, hypothesis, pytest, the test, a library)."""
+        text = f"{describe_exception(error, 500)} during {when} of {item.nodeid}"
+        for inner in _wrapped(error):
+            frames = _frames(inner)
+            ours = [f for f in frames if _top(f[0]) in self.runtime_packages]
+            if ours:
+                inside = "" if frames[-1] is ours[-1] else f" (inside {_owner(frames[-1][0], item)})"
+                through = "" if inner is error else f"{describe_exception(inner, 300)}, reported as "
+                return f"runtime {self.runtime_name!r} raised {through}{text}, at {self._where(ours[-1])}{inside}"
+        frames = _frames(error)
+        if not frames:
+            return f"raised {text}"
+        owner = _owner(frames[-1][0], item)
+        blame = "the test or its strategy and settings, not the runtime" if owner == "hypothesis" else "not the runtime"
+        return f"{owner} raised {text}, at {self._where(frames[-1])}; {blame}"
+
+    def _where(self, frame) -> str:
+        path = Path(frame[1])
+        try:
+            path = path.relative_to(self.config.rootpath)
+        except ValueError:
+            pass
+        return f"{path}:{frame[2]}"
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched):
+        """xdist: a worker ended while running a test; say what can end a worker."""
+        report.longrepr = (f"{report.longrepr}: the worker process ended during this test (a test blocked in native "
+                           "code past --test-timeout, which the watchdog ends, or a runtime that crashed or ended its "
+                           "own process; the worker's stderr has the stacks). xdist started a new worker for the rest.")
+
+
+def _bound(report) -> None:
+    if report.longrepr is not None and not isinstance(report.longrepr, tuple):  # a tuple is a skip's location
+        text = safe_str(report.longrepr, REPORT_LIMIT + 1)
+        if len(text) > REPORT_LIMIT:
+            report.longrepr = bounded(text, REPORT_LIMIT)
+    report.sections = [(title, bounded(content if isinstance(content, str) else safe_str(content), REPORT_LIMIT))
+                       for title, content in report.sections]
+
+
+def _frames(error: BaseException) -> list[tuple[str, str, int]]:
+    """(module, file, line) of each frame the exception passed through, outermost first."""
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_globals.get("__name__") or "?", tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def _wrapped(error: BaseException, depth: int = 0):
+    """The error, then the errors it carries (an exception group's members, its cause), a few levels deep."""
+    yield error
+    if depth < 3:
+        members = tuple(error.exceptions) if isinstance(error, _GROUP) else ()
+        for inner in (*members, error.__cause__):
+            if isinstance(inner, BaseException):
+                yield from _wrapped(inner, depth + 1)
+
+
+def _top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def _owner(module: str, item) -> str:
+    top = _top(module)
+    if top == "harness":
+        return "the harness"
+    if top in ("_pytest", "pytest", "pluggy"):
+        return "pytest"
+    if module == getattr(getattr(item, "module", None), "__name__", None):
+        return "the test"
+    return top
+
+
+def _packages_of(cls) -> frozenset[str]:
+    """The top-level packages the runtime's classes come from: frames there are the runtime's."""
+    return frozenset(_top(c.__module__) for c in cls.__mro__ if c.__module__ not in ("builtins", "typing")) \
+        - {"harness", "_pytest", "pytest"}
+
+
+def _engines_held(item) -> int:
+    funcargs = getattr(item, "funcargs", None) or {}
+    return sum(getattr(funcargs.get(name), "engines_held", 0) for name in ("engine_factory", "bench_engines"))
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def share_the_machine(config, graph_backend: str) -> None:

@@ -3,19 +3,36 @@
 Each function returns None when the answer is well formed, else one sentence saying what was
 wrong and what was expected. harness.observe calls them on every answer, for every suite, so a
 wrong type fails as a wrong answer with a reason, never as an AttributeError three calls later.
+No validator raises: an answer too broken even to inspect (an attribute that raises, a sequence
+whose iteration raises) is itself the problem reported.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
-from .safe import safe_repr
+from .safe import describe_exception, safe_repr
 from .vocabulary import CONFIG_MODES, RUNTIME_MODES
+
+ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _never_raises(validator):
+    @functools.wraps(validator)
+    def guarded(value, *args):
+        try:
+            return validator(value, *args)
+        except Exception as exc:  # noqa: BLE001 - the answer is what is broken
+            return (f"returned {safe_repr(value)}, which the harness could not even inspect "
+                    f"({describe_exception(exc, 300)})")
+    return guarded
+
+
+@_never_raises
 def sizes(value) -> str | None:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         return f"returned {safe_repr(value)}; expected a list of ints"
@@ -23,14 +40,18 @@ def sizes(value) -> str | None:
     return f"returned {safe_repr(value)}; {safe_repr(bad[0])} is not an int >= 1" if bad else None
 
 
+@_never_raises
 def padded_size(value, num_tokens: int) -> str | None:
     if value is None:
         return None
     if not _is_int(value):
         return f"returned {safe_repr(value)}; expected an int or None (None: the batch runs eager)"
+    if value < num_tokens:
+        return f"returned {value} for {num_tokens} tokens; a padded size holds every real token (>= {num_tokens})"
     return None
 
 
+@_never_raises
 def dispatch(value) -> str | None:
     mode = getattr(value, "runtime_mode", None)
     key = getattr(value, "descriptor", None)
@@ -46,12 +67,14 @@ def dispatch(value) -> str | None:
     return None
 
 
+@_never_raises
 def dispatches(value, count: int) -> str | None:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != count:
         return f"returned {safe_repr(value)}; expected a list of {count} Dispatch answers, one per rank"
     return next((problem for problem in map(dispatch, value) if problem), None)
 
 
+@_never_raises
 def resolution(value) -> str | None:
     resolved, warnings = getattr(value, "resolved", None), getattr(value, "warnings", None)
     if not isinstance(resolved, str) or resolved not in CONFIG_MODES:
@@ -61,6 +84,7 @@ def resolution(value) -> str | None:
     return None
 
 
+@_never_raises
 def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str | None:
     import torch
 
@@ -86,6 +110,7 @@ def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str |
     return None
 
 
+@_never_raises
 def capture_report(value) -> str | None:
     graphs = getattr(value, "graphs", None)
     if not isinstance(graphs, Mapping) or not all(k in ("FULL", "PIECEWISE") and _is_int(v) and v >= 0
@@ -103,6 +128,7 @@ def capture_report(value) -> str | None:
     return None
 
 
+@_never_raises
 def step_inputs(value, padded_num_tokens: int) -> str | None:
     import torch
 
@@ -114,3 +140,24 @@ def step_inputs(value, padded_num_tokens: int) -> str | None:
     if not _is_int(getattr(value, "padding_slot", None)):
         return "returned a padding_slot that is not an int"
     return None
+
+
+@_never_raises
+def engine(value) -> str | None:
+    missing = [name for name in ENGINE_OPERATIONS if not callable(getattr(value, name, None))]
+    if missing:
+        return (f"returned {safe_repr(value)}, which has no {', '.join(missing)}: "
+                "expected an Engine (harness/protocol.py)")
+    return None
+
+
+@_never_raises
+def addresses(value) -> str | None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and _is_int(v) for k, v in value.items()):
+        return f"returned {safe_repr(value)}; expected a mapping of static buffer names to int addresses"
+    return None
+
+
+@_never_raises
+def slot(value) -> str | None:
+    return None if _is_int(value) else f"returned {safe_repr(value)}; expected an int slot"

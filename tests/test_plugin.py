@@ -425,24 +425,6 @@ def test_a_hanging_test_times_out_and_the_run_goes_on(pytester):
     result.stdout.fnmatch_lines(["*TimeoutError: test ran past --test-timeout=1 s*"])
 
 
-def test_a_sticky_cuda_error_skips_later_engine_tests(pytester):
-    pytester.makepyfile(test_poison="""
-        import pytest
-        @pytest.fixture
-        def engines():
-            return object()
-        def test_poisons(engines):
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        def test_later(engines):
-            pass
-        def test_policy_only():
-            pass
-    """)
-    result = pytester.runpytest_subprocess("-q", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly")
-    result.assert_outcomes(failed=1, skipped=1, passed=1)
-    result.stdout.fnmatch_lines(["*runtime error*", "*poisoned by test_poison.py::test_poisons*"])
-
-
 # -- known failures: literal ids, bounds, coverage ------------------------------------------------
 
 BOUNDED_TESTS = """
