@@ -109,10 +109,11 @@ def _cwd() -> str:
         return "<deleted>"
 
 
-# Variables torch's compiler stack adds on first use to record a default it computed (cache
-# directories, toolchain paths); any later test would get the same value, so adding them is not taint.
+# Variables torch's compiler stack and its OpenMP runtime add on first use to record a default
+# they computed (cache directories, toolchain paths, fork handling; KMP_INIT_AT_FORK was seen set
+# on an H200 machine); any later test would get the same value, so adding them is not taint.
 SET_BY_TORCH_ON_FIRST_USE = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
-                             "CUDA_HOME")
+                             "KMP_INIT_AT_FORK", "CUDA_HOME")
 
 
 def _environ() -> dict[str, str]:

@@ -9,6 +9,7 @@ In-process where nothing needs a fresh process; in a subprocess where the proces
 from __future__ import annotations
 
 import json
+from importlib import metadata
 import signal
 import sys
 import textwrap
@@ -18,6 +19,10 @@ import torch  # imported here also so that in-process runs share it rather than 
 
 from tests import hostile_runtimes
 
+# A checkout that is not installed (a GPU machine run with PYTHONPATH) has no entry point for the
+# plugin: a subprocess in pytester's folder must be told to load it.
+PLUGIN = () if any(ep.value == "harness.plugin" for ep in metadata.entry_points(group="pytest11")) else (
+    "-p", "harness.plugin")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the native hangs lock a pthread mutex through libc")
 
 
@@ -28,7 +33,7 @@ def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False
     if conftest:
         pytester.makeconftest(textwrap.dedent(conftest))
     spec = f"tests.hostile_runtimes:{runtime}" if hasattr(hostile_runtimes, runtime) else runtime
-    argv = ["--runtime", spec, "--report-dir", "out", "-p", "no:cacheprovider", *args]
+    argv = [*PLUGIN, "--runtime", spec, "--report-dir", "out", "-p", "no:cacheprovider", *args]
     result = (pytester.runpytest_subprocess(*argv) if subprocess
               else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
     output = result.stdout.str() + result.stderr.str()
