@@ -241,4 +241,6 @@ def _reason(report) -> str:
     if len(text) <= 4000:
         return text
     tail = text[-1500:]
-    return tail if crash in tail else safe_str(crash, limit=4000) + "\n...\n" + tail
+    if crash and crash not in tail:
+        return safe_str(crash, limit=4000) + "\n...\n" + tail
+    return safe_str(text, limit=4000)  # its start and its end, the cut marked

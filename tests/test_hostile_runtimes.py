@@ -9,6 +9,8 @@ In-process where nothing needs a fresh process; in a subprocess where the proces
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from importlib import metadata
 import signal
 import sys
@@ -23,6 +25,15 @@ from tests import hostile_runtimes
 # plugin: a subprocess in pytester's folder must be told to load it.
 PLUGIN = () if any(ep.value == "harness.plugin" for ep in metadata.entry_points(group="pytest11")) else (
     "-p", "harness.plugin")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def importable_from_anywhere(monkeypatch):
+    """Subprocess sessions start in pytester's folder: they find tests.hostile_runtimes from the root."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the native hangs lock a pthread mutex through libc")
 
 
