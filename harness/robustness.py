@@ -193,7 +193,7 @@ class Robustness:
             broken = self.probe()
             if broken is not None:
                 self.poisoned = (item.nodeid, item.stash.get(FIRST_ERROR, "nothing"), broken)
-        if before and broken is None:  # a broken context's state says nothing
+        if before and broken is None and self.poisoned is None:  # a broken context's state says nothing
             # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak.
             memory_counts = not item.stash.get(FAILED, False) and _engines_held(item) <= item.stash.get(HELD, 0)
             changes += isolation.undo(before, keep=lambda name: name in isolation.CUDA_STATE

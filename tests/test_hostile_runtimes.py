@@ -438,6 +438,9 @@ def test_cuda_state_a_test_leaves_changed_fails_it(pytester):
         def pytest_configure(config):
             torch.cuda.init()  # the state before the first test includes CUDA's
     """)
-    reasons = "\n".join(entry["reason"] for entry in data["tests"] if "::test_taints[" in entry["nodeid"])
+    picked = {entry["nodeid"]: entry for entry in data["tests"] if "::test_taints[" in entry["nodeid"]}
+    assert all(entry["outcome"] in ("failed", "error") for entry in picked.values()), {
+        nodeid: entry["outcome"] for nodeid, entry in picked.items()}
+    reasons = "\n".join(entry.get("reason", "") for entry in picked.values())
     assert "torch CUDA RNG" in reasons and "MiB more than before the test" in reasons
     assert tests["test_an_engine_cached_for_later_tests_is_not_taint"]["outcome"] == "passed"
