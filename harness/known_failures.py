@@ -132,17 +132,13 @@ def _entry(raw: dict, where: str) -> KnownFailure:
                         raw.get("match"), None if bound is None else float(bound), raw.get("raises"))
 
 
-def first_match(entries: list[KnownFailure], nodeid: str) -> KnownFailure | None:
-    return next((entry for entry in entries if entry.matches(nodeid)), None)
-
-
 def stale(entries: list[KnownFailure], nodeids: list[str]) -> list[KnownFailure]:
     """Entries that match no collected test, among the files this run collected."""
     return [entry for entry in entries
             if not any(entry.matches(n) for n in nodeids) and any(entry.file_part_matches(n) for n in nodeids)]
 
 
-ENTRY_KEY = pytest.StashKey[KnownFailure]()
+ENTRY_KEY = pytest.StashKey[list]()  # every entry matching the test, in file order
 
 
 class KnownFailurePlugin:
@@ -167,10 +163,10 @@ class KnownFailurePlugin:
         for item in items:
             if item.get_closest_marker("skip") is not None:
                 continue
-            entry = first_match(self.entries, item.nodeid)
-            if entry is not None:
-                item.stash[ENTRY_KEY] = entry
-                item.add_marker(pytest.mark.xfail(strict=True, reason=entry.describe()))
+            matching = [entry for entry in self.entries if entry.matches(item.nodeid)]
+            if matching:
+                item.stash[ENTRY_KEY] = matching
+                item.add_marker(pytest.mark.xfail(strict=True, reason=matching[0].describe()))
         # A run given single node ids (`file.py::test`) leaves the rest of the file out: it cannot
         # tell a stale entry from an unselected test, so it reports none.
         if not any("::" in arg for arg in config.args):
@@ -189,23 +185,29 @@ class KnownFailurePlugin:
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
         rep = outcome.get_result()
-        entry = item.stash.get(ENTRY_KEY, None)
-        if entry is None or rep.when != "call":
+        matching = item.stash.get(ENTRY_KEY, None)
+        if not matching or rep.when != "call":
             return
         if rep.failed and "XPASS(strict)" in str(rep.longrepr):
+            entry = matching[0]
             rep.longrepr = f"{rep.longrepr}\nThis test now passes: remove its entry {entry.test!r} from {entry.source}."
             return
         if rep.skipped and hasattr(rep, "wasxfail") and call.excinfo is not None:
             text = str(rep.longrepr)
-            why = entry.uncovered(call.excinfo.value, text, item.stash.get(DIFFERENCE_KEY, None))
-            if why is not None:
+            reasons = [(entry, entry.uncovered(call.excinfo.value, text, item.stash.get(DIFFERENCE_KEY, None)))
+                       for entry in matching]
+            covering = next((entry for entry, why in reasons if why is None), None)
+            if covering is None:  # no entry's bounds describe this failure: it is a failure
                 del rep.wasxfail
                 rep.outcome = "failed"
-                rep.longrepr = f"{text}\n\nNot covered by known failure {entry.source} ({entry.test!r}): {why}."
+                rep.longrepr = text + "".join(f"\n\nNot covered by known failure {entry.source} ({entry.test!r}): {why}."
+                                              for entry, why in reasons)
+            else:
+                rep.wasxfail = covering.describe()
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
-            entry = first_match(self.entries, report.nodeid)
+            entry = next((e for e in self.entries if e.describe() == report.wasxfail), None)
             if entry is not None:
                 self.covered[entry.source] += 1
 

@@ -517,3 +517,16 @@ def test_long_values_are_cut_to_a_window_around_the_first_difference(pytester):
         "*first difference: at index 150: expected 150, got -1*",
     ])
     assert len(result.stdout.str()) < 6000
+
+
+def test_a_failure_is_covered_by_any_matching_entry_whose_bounds_describe_it(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=BOUNDED_TESTS)
+    path = write_known_failures(
+        pytester,
+        {"test": "test_kf.py::test_numbers[*]", "category": "notyet", "reason": "rounding", "max_difference": 1e-6},
+        {"test": "test_kf.py::test_*", "category": "notyet", "reason": "the whole file is broken", "match": "differ"},
+    )
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path), "-rx")
+    result.assert_outcomes(failed=1, xfailed=2)  # test_other raises KeyError: neither entry's bounds cover it
+    result.stdout.fnmatch_lines(["*XFAIL*b-FULL*the whole file is broken*"])
