@@ -33,7 +33,11 @@ def test_graph_runtime_without_cuda_skips_execution_and_checks_its_buckets(pytes
 
 
 def test_eager_runtime_runs_the_execution_suites_on_cpu(pytester):
+    """Eager only: anchored to transformers, its bucket policy checked, every graph test skipped
+    because each graph mode resolves to NONE (its own word: it declares no policy to ask)."""
     result, report = run(pytester, "transformers-eager")
     assert result.ret == 0, result.stdout.str()[-3000:]
     passed = {t["nodeid"].split("::")[0] for t in report["tests"] if t["outcome"] == "passed"}
-    assert {"suites/test_replay_equivalence.py", "suites/test_padding.py"} <= passed
+    assert {"suites/test_numerical_anchor.py", "suites/test_padding.py"} <= passed
+    graph_tests = [t for t in report["tests"] if "test_replay_equivalence" in t["nodeid"]]
+    assert graph_tests and all("resolves" in t["reason"] and "to NONE" in t["reason"] for t in graph_tests)
