@@ -40,4 +40,5 @@ def test_eager_runtime_runs_the_execution_suites_on_cpu(pytester):
     passed = {t["nodeid"].split("::")[0] for t in report["tests"] if t["outcome"] == "passed"}
     assert {"suites/test_numerical_anchor.py", "suites/test_padding.py"} <= passed
     graph_tests = [t for t in report["tests"] if "test_replay_equivalence" in t["nodeid"]]
-    assert graph_tests and all("resolves" in t["reason"] and "to NONE" in t["reason"] for t in graph_tests)
+    assert graph_tests and all(("resolves" in t["reason"] and "to NONE" in t["reason"]) or "speculative" in t["reason"]
+                               for t in graph_tests)
