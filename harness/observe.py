@@ -17,68 +17,13 @@ import itertools
 from dataclasses import dataclass, replace
 
 from . import expected, oracle, presets, validate
+from .boundary import ProtocolError, RuntimeProxy, _fail  # noqa: F401 (re-exported)
 from .batches import describe_batch
 from .checks import Check
 from .graphs import device_for
 from .graphs.log import LOG, GraphLog
 from .protocol import EngineConfig, PolicyConfig, Request
 from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
-
-
-class ProtocolError(AssertionError):
-    """A runtime answered with something the protocol does not allow (outside a bound check)."""
-
-
-def _fail(check: Check | None, what: str) -> None:
-    if check is None:
-        raise ProtocolError(what)
-    check.fail(what, source="the protocol (harness/protocol.py)")
-
-
-class RuntimeProxy:
-    """The runtime, with every policy answer checked for its form before a suite sees it."""
-
-    def __init__(self, runtime):
-        self.wrapped = runtime
-        self.name, self.version, self.capabilities = runtime.name, runtime.version, runtime.capabilities
-        self._check: Check | None = None
-
-    def bind(self, check: Check | None) -> None:
-        self._check = check
-
-    def __getattr__(self, attr):
-        return getattr(self.wrapped, attr)
-
-    def _answer(self, call: str, result, problem: str | None):
-        if problem:
-            _fail(self._check, f"the runtime's {call} {problem}")
-        return result
-
-    def capture_sizes(self, config):
-        result = self.wrapped.capture_sizes(config)
-        return list(self._answer("capture_sizes()", result, validate.sizes(result)))
-
-    def padded_size(self, config, num_tokens):
-        result = self.wrapped.padded_size(config, num_tokens)
-        return self._answer(f"padded_size(num_tokens={num_tokens})", result, validate.padded_size(result, num_tokens))
-
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        args = (config, num_tokens, num_reqs, uniform) + ((num_active_loras,) if num_active_loras else ())
-        result = self.wrapped.dispatch(*args)
-        return self._answer(f"dispatch(num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})", result,
-                            validate.dispatch(result))
-
-    def resolve_mode(self, request):
-        result = self.wrapped.resolve_mode(request)
-        return self._answer(f"resolve_mode({request})", result, validate.resolution(result))
-
-    def dp_dispatch(self, config, ranks):
-        result = self.wrapped.dp_dispatch(config, ranks)
-        return list(self._answer("dp_dispatch()", result, validate.dispatches(result, len(ranks))))
-
-    def build(self, config):
-        result = self.wrapped.build(config)
-        return self._answer("build()", result, validate.engine(result))
 
 
 @dataclass

@@ -15,6 +15,7 @@ import pytest
 
 from . import checks, known_failures, registry, render, report, robustness
 from .hypothesis_profiles import register_profiles
+from .machine import cuda_available
 from .protocol import Capabilities
 
 CONFORMANCE = pytest.StashKey["Conformance"]()
@@ -60,7 +61,7 @@ class Conformance:
     """What this run tests: the runtime, how it was named, its graph backend, the hypothesis seed."""
 
     def __init__(self, config, runtime, runtime_option: str):
-        from .observe import RuntimeProxy
+        from .boundary import RuntimeProxy
 
         self.config = config
         self.runtime = RuntimeProxy(runtime)
@@ -76,14 +77,6 @@ class Conformance:
         if hypothesis and self.hypothesis_seed is not None:
             command += f" --hypothesis-seed {self.hypothesis_seed}"
         return command
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | None]:

@@ -26,10 +26,14 @@ class RuntimeEntry:
     error: str | None = None  # why it could not be loaded
 
 
-def discover(pluginmanager=None) -> dict[str, RuntimeEntry]:
-    """Every runtime this environment offers, loaded or with the reason it could not be."""
+def discover(pluginmanager=None, only: str | None = None) -> dict[str, RuntimeEntry]:
+    """Every runtime this environment offers, loaded or with the reason it could not be; with
+    `only`, the entry points of that name alone are loaded (another package's runtime may import
+    torch or an engine: a run must not pay for runtimes it does not use)."""
     entries: dict[str, RuntimeEntry] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if only is not None and ep.name != only:
+            continue
         origin = f"entry point {ep.value}"
         try:
             entries[ep.name] = RuntimeEntry(ep.name, origin, factory=ep.load())
@@ -53,10 +57,9 @@ def resolve(spec: str, pluginmanager=None):
         factory = _import_factory(spec)
         origin = spec
     else:
-        entries = discover(pluginmanager)
-        entry = entries.get(spec)
+        entry = discover(pluginmanager, only=spec).get(spec)
         if entry is None:
-            raise RuntimeLoadError(f"unknown runtime {spec!r}. {describe_available(entries)}")
+            raise RuntimeLoadError(f"unknown runtime {spec!r}. {describe_available(discover(pluginmanager))}")
         if entry.error:
             raise RuntimeLoadError(f"runtime {spec!r} ({entry.origin}) failed to import: {entry.error}")
         factory, origin = entry.factory, entry.origin

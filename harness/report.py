@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from . import render
+from .machine import cuda_available
 from .records import SCHEMA_VERSION
 from .safe import describe_exception, safe_str
 
@@ -48,15 +49,12 @@ def device_description(runtime) -> str:
             return safe_str(describe(), 200)
         except Exception as exc:  # noqa: BLE001 - the runtime's own description is a courtesy
             return f"unknown: the runtime's device_description() raised {describe_exception(exc, 200)}"
-    if "torch" in sys.modules or runtime.capabilities.execution:
-        try:
-            import torch
+    if runtime.capabilities.execution and cuda_available():
+        import torch
 
-            if torch.cuda.is_available():
-                return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-            return f"cpu (torch {torch.__version__}, no CUDA device)"
-        except ImportError:
-            pass
+        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    if runtime.capabilities.execution and _torch_version():
+        return f"cpu ({platform.machine()}; torch {_torch_version()}, no CUDA device)"
     return f"cpu ({platform.machine()}), policy only"
 
 
