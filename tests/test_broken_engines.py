@@ -9,20 +9,22 @@ import pytest
 from tests import broken_engines
 from tests.catching import assert_caught
 
-BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_boundary"
-FILLS = "test_padding_isolation.py::test_real_rows_ignore_what_padded_rows_hold"
+# One parametrisation each where one is enough to catch the bug: {name} is the runtime's name.
+BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_boundary[{name}-FULL_AND_PIECEWISE]"
+FILLS = "test_padding_isolation.py::test_real_rows_ignore_what_padded_rows_hold[{name}-random-FULL_AND_PIECEWISE]"
 AFTER_PHASE = "test_capture_accounting.py::test_nothing_is_captured_after_the_capture_phase"
-MOVED = "test_static_addresses.py::test_a_moved_input_fails_loudly_or_is_not_read"
+MOVED = "test_static_addresses.py::test_a_moved_input_fails_loudly_or_is_not_read[{name}-uniform]"
 
 # mutant -> (tests to run, suites that must fail, words the failure must contain)
 MUST_CATCH = {
-    "SlotWraps": (["test_padding_isolation.py::test_padded_rows_write_no_kv_slot"], "last slot"),
+    "SlotWraps": (["test_padding_isolation.py::test_padded_rows_write_no_kv_slot[{name}-FULL]"], "last slot"),
     "StaleBlockTables": ([BOUNDARY], "differ"),
     "NewInputTensors": ([MOVED, BOUNDARY], "read the memory it was captured with"),
     "PadsBelowBatch": ([BOUNDARY], "pad"),
     "LeakyReduction": ([FILLS], "real rows changed"),
-    "StalePaddedPositions": (["test_padding_isolation.py::test_padded_inputs_are_valid_and_do_not_remember_earlier_steps"],
-                             "stale rows"),
+    "StalePaddedPositions": (
+        ["test_padding_isolation.py::test_padded_inputs_are_valid_and_do_not_remember_earlier_steps[{name}-FULL]"],
+        "stale rows"),
     "IgnoresPaddingFills": ([FILLS], "did not reach the padded rows"),
     "OutputsOverwritten": (["test_static_addresses.py::test_held_output_lives_as_declared"], "changed after the next step"),
     "SwapBreaksTheStep": ([MOVED], "Error"),
@@ -56,6 +58,8 @@ def test_every_mutant_has_an_expectation():
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_execution_suites_catch_the_mutant(pytester, record_property, mutant):
     targets, words = MUST_CATCH[mutant]
+    name = getattr(broken_engines, mutant).name  # a target's parameters name the runtime first
+    targets = [target.format(name=name) for target in targets]
     suites = {target.split("::")[0] for target in targets}
     assert_caught(pytester, record_property, f"tests.broken_engines:{mutant}", getattr(broken_engines, mutant).__doc__,
                   targets, suites, mentions=(words,))

@@ -21,7 +21,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 12, [3, 1, 4, 1, 5, 9, 2, 6], [42]
 BUDGETS = [6, 9, 4, 12, 7]
 
 
-def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=16, **kw):
+def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=8, **kw):
     device = "cuda" if graph_backend == "cuda" else "cpu"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -76,7 +76,7 @@ def test_generation_is_identical_in_every_mode(graph_backend, spec, attention):
             assert "varlen" in attention and mode == "FULL"
             continue
         r.capture()
-        outputs[mode] = generate(ModesSeen(r), PROMPTS, BUDGETS, max_num_seqs=16, token_budget=64, q=1 + spec)
+        outputs[mode] = generate(ModesSeen(r), PROMPTS, BUDGETS, max_num_seqs=8, token_budget=64, q=1 + spec)
         assert r.modes_seen <= {"NONE", "PIECEWISE", "FULL"} and (mode == "NONE" or r.modes_seen - {"NONE"})
     reference = outputs.pop("NONE")
     for mode, tokens in outputs.items():
@@ -162,7 +162,7 @@ def test_memory_budget_sets_aside_the_graph_estimate():
     assert summary.estimate_bytes == r.graph_memory_estimate
     print(f"graph memory estimate {summary.estimate_bytes} B, actual {summary.memory_bytes} B, "
           f"{r.num_blocks} KV blocks")
-    assert generate(r, PROMPTS[:2], [3, 3], max_num_seqs=16, token_budget=64)
+    assert generate(r, PROMPTS[:2], [3, 3], max_num_seqs=8, token_budget=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

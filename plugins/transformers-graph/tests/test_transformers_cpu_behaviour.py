@@ -7,13 +7,15 @@ import pytest
 
 pytest.importorskip("cudagraph_transformers", reason="plugins/transformers-graph is not installed")
 torch = pytest.importorskip("torch")
+import transformers  # noqa: E402,F401  (before any in-process session: they restore sys.modules after)
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(pytester, runtime):
+    """Every suite against the runtime, in this process (its imports are already paid for)."""
     report_dir = pytester.path / "report"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         str(ROOT / "suites"), "--runtime", runtime, "--report-dir", str(report_dir), "-q", "-p", "no:cacheprovider",
         "-p", "no:xdist", "--rootdir", str(ROOT), "--benchmark-skip",
     )
