@@ -70,10 +70,10 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
     Written to a private folder and renamed into place, so concurrent writers (xdist workers)
     never see half a checkpoint.
     """
-    import transformers
+    from importlib import metadata
 
     root = Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
-    folder = root / f"{name}-seed{seed}-transformers{transformers.__version__}"
+    folder = root / f"{name}-seed{seed}-transformers{metadata.version('transformers')}"
     if (folder / "config.json").exists():
         return folder
     root.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,10 @@ graph). Weights come from a Hugging Face Llama checkpoint (the harness writes on
 """
 from __future__ import annotations
 
+import json
 from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -18,15 +21,24 @@ from harness import presets
 
 
 @lru_cache(maxsize=4)
-def load_hf_model(checkpoint: str | None, preset: str, seed: int):
-    """The transformers model whose weights the decoder takes: from a checkpoint folder when one
-    is given (the harness hands its own), else the preset's seeded weights. Cached: decoders copy
-    the weights, and building a transformers model costs more than the rest of an engine."""
+def load_weights(checkpoint: str | None, preset: str, seed: int):
+    """(config, state dict) the decoder takes: read from a Hugging Face checkpoint folder when one
+    is given (the harness hands its own: config.json and safetensors, read without transformers,
+    whose import costs more than the rest of an engine), else the preset's seeded weights.
+    Cached: decoders copy the weights."""
     if checkpoint is None:
-        return presets.seeded_model(preset, seed)
-    from transformers import LlamaForCausalLM
+        model = presets.seeded_model(preset, seed)
+        return model.config, model.state_dict()
+    from safetensors.torch import load_file
 
-    return LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    folder = Path(checkpoint)
+    config = SimpleNamespace(**json.loads((folder / "config.json").read_text()))
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(shard))
+    if not state:
+        raise ValueError(f"checkpoint {checkpoint} has no *.safetensors weights")
+    return config, state
 
 
 def rope_theta(config) -> float:
@@ -88,9 +100,9 @@ class Decoder(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     @classmethod
-    def from_hf(cls, hf_model) -> "Decoder":
-        model = cls(hf_model.config)
-        sd = hf_model.state_dict()
+    def from_weights(cls, config, sd) -> "Decoder":
+        """From a Llama config and a state dict with Hugging Face's parameter names."""
+        model = cls(config)
         with torch.no_grad():
             model.embed.copy_(sd["model.embed_tokens.weight"])
             model.final_norm.copy_(sd["model.norm.weight"])

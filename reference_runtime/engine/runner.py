@@ -25,7 +25,7 @@ from . import inspection
 from .attention import make_backends
 from .buffers import Request, StaticBuffers, plan_layout, query_len_if_uniform
 from .kv_cache import BlockAllocator, KVCache
-from .model import Decoder, load_hf_model
+from .model import Decoder, load_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,8 +77,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.graphs = make_backend(config.graph_backend, self.device, debug=config.debug)
-        hf = load_hf_model(config.checkpoint, config.preset, config.seed)
-        self.model = Decoder.from_hf(hf).to(self.device, self.dtype).eval()
+        self.model = Decoder.from_weights(*load_weights(config.checkpoint, config.preset, config.seed))
+        self.model = self.model.to(self.device, self.dtype).eval()
         if config.max_model_len > self.model.max_positions:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {self.model.max_positions} positions")
         # With a memory budget the cache is sized after the graph estimate (memory.py); until then a minimal one.
