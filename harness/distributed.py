@@ -44,7 +44,7 @@ MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
 # Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds;
 # transformers and its Llama where installed: the harness's checkpoints are Llama models, loaded with it.
-PRELOAD = ("torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama")
+PRELOAD = ("torch", "torch.distributed", "safetensors.torch")  # what every rank needs before it builds an engine
 
 
 class RankFailure(Exception):
