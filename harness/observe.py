@@ -13,10 +13,12 @@ and memory counted by the harness itself rather than taken from the runtime's wo
 """
 from __future__ import annotations
 
+import gc
 import itertools
+import sys
 from dataclasses import dataclass, replace
 
-from . import expected, oracle, presets, validate
+from . import expected, isolation, oracle, presets, validate
 from .boundary import ProtocolError, RuntimeProxy, _fail  # noqa: F401 (re-exported)
 from .batches import describe_batch
 from .checks import Check
@@ -275,6 +277,19 @@ class EngineFactory:
         """After each test: free what it left running, so a failed test cannot starve the next."""
         for engine in self._engines.values():
             engine.release_all()
+
+    def close(self) -> None:
+        """Drop the cached engines and free their memory now: left to a later garbage collection, it
+        would be freed during a later test and hide a leak of that test's (docs/reliability.md)."""
+        torch = sys.modules.get("torch")
+        cuda = torch is not None and torch.cuda.is_initialized()
+        gc.collect()  # the running test's own garbage first: freeing that is not the harness's doing
+        held = isolation.cuda_allocated(torch) if cuda else 0
+        self._engines.clear()
+        gc.collect()
+        if cuda:
+            isolation.harness_released(held - isolation.cuda_allocated(torch))
+            torch.cuda.empty_cache()
 
     def new_id(self) -> int:
         return next(self._ids)

@@ -260,7 +260,9 @@ def graph_backend(pytestconfig):
 def engine_factory(runtime, graph_backend, pytestconfig):
     from .observe import EngineFactory
 
-    return EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"))
+    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"))
+    yield factory
+    factory.close()
 
 
 @pytest.fixture
@@ -280,5 +282,7 @@ def bench_engines(runtime, graph_backend, pytestconfig):
         pytest.skip("benchmarks need CUDA graphs on a GPU; the emulator's timings mean nothing")
     from .observe import EngineFactory
 
-    return EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), dtype="bfloat16",
-                         max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512, kv_tokens=300_000)
+    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), dtype="bfloat16",
+                            max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512, kv_tokens=300_000)
+    yield factory
+    factory.close()

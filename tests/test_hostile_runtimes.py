@@ -367,6 +367,54 @@ def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester, hostile,
     record_property("caught_by", ["isolation: taint reported and put back"])
 
 
+def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_teardown(pytester):
+    """The H200 bug: the last test's teardown finalises the engine factory, and the cached engine's
+    memory, freed there, hid a leak of the same size. Here with a stand-in CUDA allocator (a weak
+    set of CPU tensors) so that it runs without a GPU; the subprocess keeps its patches to itself."""
+    result, tests, data = run(pytester, "LeavesStateBehind", """
+        import pytest
+        from harness.protocol import PolicyConfig
+
+        def test_an_engine_cached_for_later_tests_is_not_taint(engines):
+            engines.get(mode="NONE", capture=False)
+
+        def test_leaks_last(runtime):
+            runtime.wrapped.pick = "cuda-memory"
+            runtime.capture_sizes(PolicyConfig())
+    """, "-p", "no:xdist", subprocess=True, conftest="""
+        import weakref
+        import torch
+        import harness.robustness
+        import tests.hostile_runtimes as hostile
+
+        live = weakref.WeakSet()  # the stand-in allocator: what is allocated is what is alive
+        torch.cuda.is_initialized = lambda: True
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.memory_allocated = lambda device=None: sum(t.numel() for t in live)
+        torch.cuda.get_rng_state_all = lambda: []
+        torch.cuda.empty_cache = lambda: None
+        harness.robustness.cuda_probe = lambda: None
+
+        def allocate(keep=None):
+            tensor = torch.empty(64 << 20, dtype=torch.uint8)
+            live.add(tensor)
+            return tensor
+
+        leaked = []
+        taints = hostile._taints
+        hostile._taints = lambda: {**taints(), "cuda-memory": lambda: leaked.append(allocate())}
+        build = hostile.Engine.__init__
+
+        def engine_with_kv_cache(self, runtime, config):
+            build(self, runtime, config)
+            self.kv_cache, self.me = allocate(), self  # a reference cycle: only the garbage collector frees it
+        hostile.Engine.__init__ = engine_with_kv_cache
+    """)
+    assert outcomes(tests) == {"test_an_engine_cached_for_later_tests_is_not_taint": "passed",
+                               "test_leaks_last": "error"}
+    assert "CUDA memory allocated: 64.0 MiB more than before the test" in tests["test_leaks_last"]["reason"]
+
+
 # -- floods -------------------------------------------------------------------------------------
 @hostile("FloodsOutput")
 def test_a_flood_of_output_is_bounded(pytester, hostile, record_property):
