@@ -27,7 +27,7 @@ MUST_CATCH = {
     "DataParallelMovesUp": ([f"{DP}::test_ranks_agree_and_never_move_up"], "[data-parallel consensus]"),
     "RejectsEveryConfig": ([f"{SIZES}::test_sizes_are_sorted_unique_positive_and_fit_the_token_budget"],
                            "must be answered, not rejected"),
-    "KeyIsTokensPlusThree": ([f"{DISPATCH}::test_a_graph_key_is_the_runtimes_own_padded_size"], "padded_size()"),
+    "KeyIsTokensPlusThree": ([f"{DISPATCH}::test_a_decode_graph_key_is_the_runtimes_own_padded_size"], "padded_size()"),
     "MixedBatchRunsDecodeGraph": ([f"{DISPATCH}::test_runtime_mode_is_one_the_config_mode_can_run"],
                                   "mixed batch under FULL_DECODE_ONLY"),
     "PaddingNotMonotone": ([f"{PADDING}::test_padding_is_monotone_and_lands_on_a_size"], "padded"),
