@@ -45,13 +45,13 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
     if tokens < config.max_num_seqs:
         raise ValueError("max_num_batched_tokens below max_num_seqs")
     if config.mode == "NONE":
-        return []  # nothing is captured
+        return ()  # nothing is captured
     if config.capture_sizes is not None:
         if not config.capture_sizes:
             raise ValueError("an empty list of user sizes")
         chosen = {s for s in config.capture_sizes if s <= tokens}
         if not chosen:
-            return []  # every given size is above the token budget: no graphs
+            return ()  # every given size is above the token budget: no graphs
         if config.max_capture_size is not None and config.max_capture_size != max(chosen):
             raise ValueError("user max inconsistent with user sizes")
     else:
@@ -165,12 +165,15 @@ def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = No
     if num_reqs is None:
         num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
     loras = active_lora_case(config, num_active_loras)
-    if config.mode != "NONE" and num_tokens <= max(capture_sizes(config), default=0):
-        keys = graph_keys(config)
+    if config.mode != "NONE" and num_tokens <= max(_capture_sizes(config), default=0):
+        keys = _graph_keys(config)
         for mode in ("FULL", "PIECEWISE"):
             holding = [k for k in keys[mode] if k.num_tokens >= num_tokens and k.num_active_loras == loras]
-            smallest = [k for k in holding if k.num_tokens == min(h.num_tokens for h in holding)]
-            fits = [k for k in smallest if (uniform or not k.uniform) and (k.num_reqs is None or k.num_reqs >= num_reqs)]
+            if not holding:
+                continue
+            least = min(k.num_tokens for k in holding)
+            fits = [k for k in holding if k.num_tokens == least and (uniform or not k.uniform)
+                    and (k.num_reqs is None or k.num_reqs >= num_reqs)]
             if fits:
                 return Dispatch(mode, fits[0])
     return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))
