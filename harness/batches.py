@@ -20,15 +20,17 @@ def token(request_id: int, position: int) -> int:
 
 @dataclass
 class Sequence:
-    """A request the suite drives: its id, the tokens in its KV cache, and their values."""
+    """A request the suite drives: its id and the tokens in its KV cache."""
 
     request_id: int
-    context_len: int
     tokens: list[int] = field(default_factory=list)  # every token it has brought so far
+
+    @property
+    def context_len(self) -> int:
+        return len(self.tokens)
 
     def add(self, token_ids) -> None:
         self.tokens += list(token_ids)
-        self.context_len = len(self.tokens)
 
 
 def prompt(request_id: int, length: int) -> tuple[int, ...]:
@@ -39,13 +41,17 @@ def prefill(engine, ids: list[int], lengths: list[int]) -> list[Sequence]:
     """Admit requests with prompts of the given lengths in one step."""
     requests = [Request(i, prompt(i, n), 0) for i, n in zip(ids, lengths)]
     engine.step(requests)
-    return [Sequence(i, n, list(r.token_ids)) for i, n, r in zip(ids, lengths, requests)]
+    return [Sequence(r.request_id, list(r.token_ids)) for r in requests]
+
+
+def _continue(s: Sequence, n: int) -> Request:
+    """The next n tokens of a running sequence."""
+    return Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(n)), s.context_len)
 
 
 def decode_requests(seqs: list[Sequence], q: int = 1) -> list[Request]:
     """One decode (q = 1) or verify (q > 1) step of q tokens for each sequence."""
-    return [Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(q)), s.context_len)
-            for s in seqs]
+    return [_continue(s, q) for s in seqs]
 
 
 def mixed_requests(seqs: list[Sequence], new_ids: list[int], new_lengths: list[int], q: int = 1) -> list[Request]:
@@ -57,15 +63,23 @@ def uneven_requests(seqs: list[Sequence], q: int) -> list[Request]:
     """q x len(seqs) tokens in requests of unequal lengths: the token count of a uniform batch
     without being one (a dispatcher that decides `uniform` from the count alone is wrong here)."""
     lengths = [q - 1, q + 1] + [q] * (len(seqs) - 2)
-    return [Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(n)), s.context_len)
-            for s, n in zip(seqs, lengths)]
+    return [_continue(s, n) for s, n in zip(seqs, lengths)]
+
+
+def is_uniform(requests, q: int) -> bool:
+    """The harness's own answer to `uniform`: every request of a non-empty batch brings q tokens."""
+    return bool(requests) and all(len(r.token_ids) == q for r in requests)
 
 
 def advance(seqs: list[Sequence], requests: list[Request]) -> None:
-    """After a step: each sequence keeps the tokens its request brought."""
-    brought = {r.request_id: r.token_ids for r in requests}
-    for s in seqs:
-        s.add(brought.get(s.request_id, ()))
+    """After a step: each sequence keeps the tokens its request brought, and a request new to
+    `seqs` joins it as a sequence (in request order)."""
+    known = {s.request_id: s for s in seqs}
+    for r in requests:
+        if r.request_id not in known:
+            known[r.request_id] = Sequence(r.request_id)
+            seqs.append(known[r.request_id])
+        known[r.request_id].add(r.token_ids)
 
 
 def describe_batch(requests) -> str:

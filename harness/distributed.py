@@ -336,7 +336,7 @@ def _join(rank: int, world: int, backend: str, port: int) -> str:
 
 
 def _build(engines, rank, world, device, key, runtime, config) -> dict:
-    from . import presets, validate
+    from . import expected, presets, validate
 
     engine = runtime.build(replace(config, device=device, data_parallel=(rank, world)))
     report = engine.capture()
@@ -344,9 +344,7 @@ def _build(engines, rank, world, device, key, runtime, config) -> dict:
     if problem:
         raise ValueError(f"the engine's capture() or resolution {problem}")
     engines[key] = (engine, presets.preset(config.preset).vocab)
-    sizes, pieces = {n for mode, n in report.order if mode == "PIECEWISE"}, report.graphs.get("PIECEWISE", 0)
-    return {"resolved": engine.resolution.resolved,
-            "pieces_per_size": pieces // len(sizes) if sizes and pieces % len(sizes) == 0 else None}
+    return {"resolved": engine.resolution.resolved, "pieces_per_size": expected.pieces_per_size(report)}
 
 
 def _drop(engines, rank, world, device, key) -> None:

@@ -7,7 +7,7 @@ engine's own report used, and then the source says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import oracle
 from .protocol import Descriptor, PolicyConfig, ResolveRequest
@@ -71,8 +71,18 @@ def dispatched_keys(runtime, policy: PolicyConfig) -> dict[str, set[Descriptor]]
     return keys
 
 
-def resolved_policy(policy: PolicyConfig, mode: str) -> PolicyConfig:
-    return replace(policy, mode=mode)
+def pieces_per_size(report) -> int | None:
+    """PIECEWISE graphs per captured size, from a capture report; None if it has none, or if its
+    count does not divide evenly among its sizes."""
+    sizes = {n for mode, n in report.order if mode == "PIECEWISE"}
+    pieces = report.graphs.get("PIECEWISE", 0)
+    return pieces // len(sizes) if sizes and pieces % len(sizes) == 0 else None
+
+
+def graph_launches(runtime_mode: str, pieces: int | None) -> int | None:
+    """Graph launches a step of this runtime mode makes: none eager, one FULL, one per piece
+    PIECEWISE (None: the piece count is unknown, and two or more is all that can be said)."""
+    return {"NONE": 0, "FULL": 1, "PIECEWISE": pieces}[runtime_mode]
 
 
 def default_attention(runtime) -> tuple[str, ...]:

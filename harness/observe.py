@@ -2,7 +2,6 @@
 boundary, every step checked against the runtime's own dispatch, and graph captures, launches
 and memory counted by the harness itself rather than taken from the runtime's word.
 
-- `RuntimeProxy` validates policy answers (harness.validate).
 - `ObservedEngine` wraps a built engine. On every step it checks that the reported runtime mode
   and padded size are what the runtime's own `dispatch()` (or `padded_size()`) says for that
   batch, with `uniform` decided here (every request brings exactly q tokens), and, under
@@ -16,11 +15,11 @@ from __future__ import annotations
 import gc
 import itertools
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from . import expected, isolation, oracle, presets, validate
-from .boundary import ProtocolError, RuntimeProxy, _fail  # noqa: F401 (re-exported)
-from .batches import describe_batch
+from .boundary import _fail
+from .batches import describe_batch, is_uniform
 from .checks import Check
 from .graphs import device_for
 from .graphs.log import LOG, GraphLog
@@ -28,30 +27,19 @@ from .protocol import EngineConfig, PolicyConfig, Request
 from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
 
 
-@dataclass
-class StepSeen:
-    """One step as the harness saw it."""
-
-    requests: list
-    result: object
-    graphs: GraphLog  # what the graph log counted during the step
-    padding_fill: str | None = None
-
-
 class ObservedEngine:
     def __init__(self, engine, factory: "EngineFactory", config: EngineConfig):
         self.engine = engine
         self.factory = factory
         self.config = config
-        self.resolution = getattr(engine, "resolution", None)
-        problem = validate.resolution(self.resolution)
-        if problem:
-            _fail(factory.check, f"the engine's resolution {problem}")
+        resolution = getattr(engine, "resolution", None)
+        self.resolution = self._answer("resolution", resolution, validate.resolution(resolution))
         self.captured = None  # the CaptureReport capture() returned
         self.seen_at_capture: GraphLog | None = None
         self.memory_seen: int | None = None  # graph memory the harness measured itself
         self.captures_in_service = 0  # graphs the harness saw captured during steps
-        self.last: StepSeen | None = None
+        self._pieces_per_size: int | None = None  # from the capture report
+        self.last_padded = 0  # the padded size of the last step
         self.live: set[int] = set()
 
     def __getattr__(self, name):  # the optional operations (kv_snapshot, swap_static_buffer, ...)
@@ -67,19 +55,16 @@ class ObservedEngine:
         before, free = LOG.snapshot(), _free_memory(self.config.device)
         report = self.engine.capture()
         seen = LOG.since(before)
-        problem = validate.capture_report(report)
-        if problem:
-            _fail(self.factory.check, f"the engine's capture() {problem}")
+        self._answer("capture()", report, validate.capture_report(report))
         self.captured, self.seen_at_capture = report, seen
+        self._pieces_per_size = expected.pieces_per_size(report)
         after = _free_memory(self.config.device)
         self.memory_seen = free - after if free is not None else (seen.held_bytes if seen.captures else None)
         return report
 
     def pieces_per_size(self) -> int | None:
         """PIECEWISE graphs per captured size, from the capture report; None if it has none."""
-        sizes = {n for mode, n in (self.captured.order if self.captured else ()) if mode == "PIECEWISE"}
-        pieces = (self.captured.graphs.get("PIECEWISE", 0) if self.captured else 0)
-        return pieces // len(sizes) if sizes and pieces % len(sizes) == 0 else None
+        return self._pieces_per_size
 
     # -- steps ------------------------------------------------------------------------------
     def step(self, requests, padding_fill: str | None = None):
@@ -91,7 +76,7 @@ class ObservedEngine:
         seen = LOG.since(before)
         self.captures_in_service += seen.captures
         self._validate(result, requests, "step()")
-        self.last = StepSeen(requests, result, seen, padding_fill)
+        self.last_padded = result.padded_num_tokens
         self._check_step(requests, result, seen)
         return result
 
@@ -112,14 +97,13 @@ class ObservedEngine:
     def _validate(self, result, requests, call: str) -> None:
         n = sum(len(r.token_ids) for r in requests)
         problem = validate.step_result(result, n, self.factory.vocab, self.config.device)
-        if problem:
-            _fail(self.factory.check, f"the engine's {call} {problem} ({describe_batch(requests)})")
+        self._answer(call, result, problem and f"{problem} ({describe_batch(requests)})")
 
     def _check_step(self, requests, result, seen: GraphLog) -> None:
         check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
         reported = (result.runtime_mode, result.padded_num_tokens)
         case = f"{batch}; ran {reported[0]} at {reported[1]}"
-        launches = {"NONE": 0, "FULL": 1, "PIECEWISE": self.pieces_per_size()}[result.runtime_mode]
+        launches = expected.graph_launches(result.runtime_mode, self._pieces_per_size)
         if launches is None:
             check.that(seen.replays >= 2, what="a PIECEWISE step launches one graph per piece (two or more)",
                        source=OBSERVED, case=case, graph_launches_seen=seen.replays)
@@ -127,46 +111,44 @@ class ObservedEngine:
             check.that(seen.replays == launches, source=OBSERVED, case=case,
                        what=f"a step reported as {result.runtime_mode} must launch {launches} graph(s)",
                        graph_launches_seen=seen.replays)
-        if self.config.data_parallel is not None:
-            return  # ranks follow their consensus, not their own dispatch: the data-parallel suite checks that
         n, q = sum(len(r.token_ids) for r in requests), self.config.policy.query_len
-        uniform = bool(requests) and all(len(r.token_ids) == q for r in requests)
+        uniform = is_uniform(requests, q)
         num_reqs = len(requests) or None
         caps = runtime.capabilities
         if self.captured is None:
             check.equal(result.runtime_mode, "NONE", source=OBSERVED, case=case,
                         what="before capture() there is no graph to replay: a step runs eager")
         elif caps.dispatch:
-            expected = runtime.dispatch(self.policy, n, num_reqs, uniform)
-            check.equal(reported, (expected.runtime_mode, expected.descriptor.num_tokens), source=OWN_POLICY,
+            own = runtime.dispatch(self.policy, n, num_reqs, uniform)
+            check.equal(reported, (own.runtime_mode, own.descriptor.num_tokens), source=OWN_POLICY,
                         case=batch, what=f"the step's mode and padded size vs the runtime's own dispatch() "
                                          f"(uniform={uniform}, mode {self.policy.mode})")
-        elif caps.capture_sizes and result.runtime_mode != "NONE":
+        elif caps.capture_sizes and result.runtime_mode != "NONE" and uniform:  # padded_size() speaks for decode steps
             check.equal(result.padded_num_tokens, runtime.padded_size(self.policy, n), source=OWN_POLICY, case=case,
-                        what="a graph step runs at the runtime's own padded_size()")
+                        what="a graph step of a uniform batch runs at the runtime's own padded_size()")
+        elif result.runtime_mode != "NONE":
+            check.that(result.padded_num_tokens >= n, source=OBSERVED, case=case,
+                       what="a graph step runs at a size that holds the batch (padded up, never down)")
         if caps.vllm_policy and self.captured is not None:
-            expected = oracle.dispatch(self.policy, n, num_reqs, uniform)
-            check.equal(reported, (expected.runtime_mode, expected.descriptor.num_tokens), source=ORACLE,
+            spec = oracle.dispatch(self.policy, n, num_reqs, uniform)
+            check.equal(reported, (spec.runtime_mode, spec.descriptor.num_tokens), source=ORACLE,
                         case=batch, what=f"the step's mode and padded size (uniform={uniform})")
 
     # -- the rest ---------------------------------------------------------------------------
     def last_step_inputs(self):
         inputs = self.engine.last_step_inputs()
-        padded = self.last.result.padded_num_tokens if self.last else 0
-        problem = validate.step_inputs(inputs, padded)
-        if problem:
-            _fail(self.factory.check, f"the engine's last_step_inputs() {problem}")
-        return inputs
+        return self._answer("last_step_inputs()", inputs, validate.step_inputs(inputs, self.last_padded))
 
     def static_buffer_addresses(self):
-        return self._answer("static_buffer_addresses()", self.engine.static_buffer_addresses(), validate.addresses)
+        addresses = self.engine.static_buffer_addresses()
+        return self._answer("static_buffer_addresses()", addresses, validate.addresses(addresses))
 
     def slot_of(self, request_id: int, position: int):
         slot = self.engine.slot_of(request_id, position)
-        return self._answer(f"slot_of({request_id}, {position})", slot, validate.slot)
+        return self._answer(f"slot_of({request_id}, {position})", slot, validate.slot(slot))
 
-    def _answer(self, call: str, result, validator):
-        problem = validator(result)
+    def _answer(self, call: str, result, problem: str | None):
+        """The engine's answer, failed at the protocol boundary where it has the wrong form."""
         if problem:
             _fail(self.factory.check, f"the engine's {call} {problem}")
         return result
@@ -203,8 +185,7 @@ class EngineFactory:
         self.runtime = runtime
         self.graph_backend = graph_backend
         self.preset, self.dtype = preset, dtype
-        self.vocab = presets.preset(preset).vocab
-        self.num_layers = presets.preset(preset).layers
+        self.vocab, self.num_layers = presets.preset(preset).vocab, presets.preset(preset).layers
         self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len, self.kv_tokens = max_model_len, kv_tokens
         self._engines: dict = {}
@@ -229,7 +210,7 @@ class EngineFactory:
         return str(presets.checkpoint(self.preset))
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
-               max_num_batched_tokens=None, data_parallel=None) -> EngineConfig:
+               max_num_batched_tokens=None) -> EngineConfig:
         """The engine the suites ask for; with no attention named, the strongest one declared."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
@@ -238,11 +219,13 @@ class EngineFactory:
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
                             max_model_len=self.max_model_len, kv_tokens=self.kv_tokens,
-                            checkpoint=self.checkpoint(), data_parallel=data_parallel)
+                            checkpoint=self.checkpoint())
 
     def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
         """A built (and captured) engine."""
-        config = self.config(**kw)
+        return self._get(self.config(**kw), fresh, capture)
+
+    def _get(self, config: EngineConfig, fresh: bool, capture: bool) -> ObservedEngine:
         key = (config, capture)
         if fresh or key not in self._engines:
             engine = ObservedEngine(self.runtime.build(config), self, config)
@@ -258,20 +241,34 @@ class EngineFactory:
         """An engine for a graph mode, its build-time resolution checked against where it should
         land (the spec, or the runtime's own resolve_mode()); the test is skipped, with that
         source, where the mode resolves to NONE: there are no graphs to test."""
+        config, want = self.expect_resolution(mode, attention, spec, **kw)
+        engine = self._get(config, fresh, capture)
+        self.check_resolved(self.check, mode, config, want, engine.resolution.resolved)
+        return engine
+
+    def expect_resolution(self, mode: str, attention=(), spec: int = 0, **kw):
+        """(the config of an engine for `mode`, where it should resolve); skipped where the mode
+        is rejected for those attention backends."""
         import pytest
 
         config = self.config(mode=mode, attention=attention, spec=spec, **kw)
         want = expected.resolution(self.runtime, mode, config.attention_backends, spec)
         if want.value == "error":
             pytest.skip(f"{mode} with attention {config.attention_backends} is rejected ({want.source})")
-        engine = self.get(mode=mode, attention=attention, spec=spec, fresh=fresh, capture=capture, **kw)
+        return config, want
+
+    def check_resolved(self, check: Check, mode: str, config: EngineConfig, want, resolved: str) -> str:
+        """The mode an engine resolved at build time, checked against `want`; skipped where it is
+        NONE: there are no graphs to test."""
+        import pytest
+
         if want.value is not None:
-            self.check.equal(engine.resolution.resolved, want.value, source=want.source,
-                             what=f"mode {mode} resolved at build time (attention {config.attention_backends})")
-        resolved = want.value or engine.resolution.resolved
+            check.equal(resolved, want.value, source=want.source,
+                        what=f"mode {mode} resolved at build time (attention {config.attention_backends})")
+        resolved = want.value or resolved
         if resolved == "NONE":
             pytest.skip(f"runtime {self.runtime.name!r} resolves {mode} to NONE ({want.source}): no graphs to test")
-        return engine
+        return resolved
 
     def release_all(self) -> None:
         """After each test: free what it left running, so a failed test cannot starve the next."""

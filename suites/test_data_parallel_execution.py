@@ -26,7 +26,7 @@ from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from harness import distributed, expected, oracle
-from harness.batches import Sequence, decode_requests, prompt
+from harness.batches import Sequence, advance, decode_requests, is_uniform, prompt
 from harness.protocol import RankBatch, Request
 from harness.records import DataParallelStep
 from harness.vocabulary import EAGER, OBSERVED, ORACLE, OWN_POLICY, RUNTIME_MODES, lowest
@@ -76,12 +76,7 @@ class RankBatches:
         return Request(request_id, prompt(request_id, length), 0)
 
     def advance(self, requests: list[Request]) -> None:
-        known = {s.request_id: s for s in self.seqs}
-        for r in requests:
-            if r.request_id not in known:
-                known[r.request_id] = Sequence(r.request_id, 0)
-                self.seqs.append(known[r.request_id])
-            known[r.request_id].add(r.token_ids)
+        advance(self.seqs, requests)
 
 
 class DataParallelRun:
@@ -99,15 +94,12 @@ class DataParallelRun:
 
     def policy(self, mode: str):
         """(the engine config, the policy its engine should run, where that mode came from)."""
-        config = self.factory.config(mode=mode)
-        want = expected.resolution(self.runtime, mode, config.attention_backends, 0)
-        if want.value == "error":
-            pytest.skip(f"{mode} with attention {config.attention_backends} is rejected ({want.source})")
+        config, want = self.factory.expect_resolution(mode)
         return config, replace(config.policy, mode=want.value or mode), want
 
     def engine(self, check, mode: str):
         """(pool, engine, the policy it runs); its build-time resolution checked as for_mode() does."""
-        config, policy, want = self.policy(mode)
+        config, _, want = self.policy(mode)
         try:
             pool = distributed.pool(self.world, self.graph_backend)
             built = pool.build(self.runtime.wrapped, config)
@@ -115,12 +107,8 @@ class DataParallelRun:
             self.failure = failure
         if self.failure is not None:
             check.fail(self.failure.what, source=OBSERVED, case=self.failure.describe(f"building {mode} engines"))
-        if want.value is not None:
-            check.equal(built.resolved, want.value, source=want.source,
-                        what=f"mode {mode} resolved at build time (attention {config.attention_backends})")
-        if (want.value or built.resolved) == "NONE":
-            pytest.skip(f"{mode} resolves to NONE ({want.source}): no graphs to agree on")
-        return pool, built, replace(policy, mode=want.value or built.resolved)
+        resolved = self.factory.check_resolved(check, mode, config, want, built.resolved)
+        return pool, built, replace(config.policy, mode=resolved)
 
     def run(self, check, mode: str, steps: list[list[tuple[str, int]]], record=None) -> None:
         self.failure = None
@@ -160,7 +148,7 @@ class DataParallelRun:
             check.that(r.problem is None, what=f"rank {r.rank}: {r.problem}", case=case,
                        source="the protocol (harness/protocol.py)")
         for r in ran:
-            launches = {"NONE": 0, "FULL": 1, "PIECEWISE": built.pieces_per_size}[r.runtime_mode]
+            launches = expected.graph_launches(r.runtime_mode, built.pieces_per_size)
             check.that(r.graph_launches == launches if launches is not None else r.graph_launches >= 2,
                        source=OBSERVED, case=case, graph_launches_seen=r.graph_launches,
                        what=f"rank {r.rank} reported {r.runtime_mode}, which launches "
@@ -169,7 +157,7 @@ class DataParallelRun:
         own = {}  # what each busy rank's own dispatch() gives its batch alone
         if runtime.capabilities.dispatch:
             for r in busy:
-                uniform = all(len(x.token_ids) == q for x in r.requests)
+                uniform = is_uniform(r.requests, q)
                 own[r.rank] = runtime.dispatch(policy, r.num_tokens, len(r.requests), uniform)
         alone = {"alone": {rank: f"{d.runtime_mode} at {d.descriptor.num_tokens}" for rank, d in own.items()}}
         alone = alone if own else {}  # shown with each failure below
@@ -213,7 +201,7 @@ class DataParallelRun:
                            what=f"rank {r.rank} wrote KV slots outside its real tokens' slots" +
                                          ("" if r.requests else " (an idle rank's dummy batch must write none)"))
         if runtime.capabilities.vllm_policy:
-            batches = [RankBatch(r.num_tokens, len(r.requests), all(len(x.token_ids) == q for x in r.requests))
+            batches = [RankBatch(r.num_tokens, len(r.requests), is_uniform(r.requests, q))
                        if r.requests else RankBatch(q, 1, True) for r in ran]  # idle: vLLM's dummy decode
             want = [(d.runtime_mode, d.descriptor.num_tokens) for d in oracle.dp_dispatch(policy, batches)]
             check.equal([(r.runtime_mode, r.padded_num_tokens) for r in ran], want, source=ORACLE, case=case,

@@ -91,8 +91,7 @@ def scenario(engine, step, steps=6, q=1):
         requests = mixed_requests(live, [i for i, _ in new], [n for _, n in new], q)
         logits, padded, ran = step(requests)
         trace.append((describe_batch(requests), padded, ran, logits))
-        advance(live, requests)
-        live += [Sequence(i, n, list(r.token_ids)) for (i, n), r in zip(new, requests[len(requests) - len(new):])]
+        advance(live, requests)  # the new prompts join as sequences
         for _ in range(leaves.get(t, 0)):
             engine.release(live.pop(0).request_id)
     for s in live:
