@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 
+from . import kv
 from .batches import describe_batch
 from .safe import safe_str
 
@@ -367,8 +368,7 @@ def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
                 "graph_launches": launches, "stray_kv_slots": None, "problem": f"the engine's step() {problem}"}
     stray = None
     if kv_inspection:
-        written = {engine.slot_of(r.request_id, r.context_len + j) for r in requests for j in range(len(r.token_ids))}
-        stray = sorted(set(changed_slots(before, engine.kv_snapshot())) - written)
+        stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot())
     eager, eager_problem = None, None
     if requests:
         seen = LOG.snapshot()
@@ -393,12 +393,3 @@ def _release(engines, rank, world, device, key, request_ids) -> None:
 
 
 _HANDLERS = {"build": _build, "drop": _drop, "step": _step, "release": _release}
-
-
-def changed_slots(before, after) -> list[int]:
-    """KV slots whose bits changed (a NaN that kept its bit pattern is no change)."""
-    import torch
-
-    slots = before.shape[0]
-    return (before.contiguous().view(torch.uint8).reshape(slots, -1)
-            != after.contiguous().view(torch.uint8).reshape(slots, -1)).any(dim=1).nonzero().flatten().tolist()

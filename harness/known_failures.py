@@ -16,12 +16,15 @@ literal, so a parametrised id `[...]` is written as it appears in the test id.
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .vocabulary import GRAPH_BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,6 +44,7 @@ class KnownFailuresError(ValueError):
     pass
 
 
+@functools.lru_cache(maxsize=None)  # matched against every collected test
 def pattern_regex(pattern: str) -> re.Pattern:
     """`*` is any text, `?` one character, the rest literal."""
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z",
@@ -118,7 +122,7 @@ def _entry(raw: dict, where: str) -> KnownFailure:
     if not str(raw["reason"]).strip():
         raise KnownFailuresError(f"{where} has an empty reason; say why the runtime fails")
     backends = raw.get("graph_backends", [])
-    if not isinstance(backends, list) or not set(backends) <= {"cuda", "emulated"}:
+    if not isinstance(backends, list) or not set(backends) <= set(GRAPH_BACKENDS):
         raise KnownFailuresError(f"{where}: graph_backends must be a list of 'cuda' and 'emulated', got {backends!r}")
     if "match" in raw:
         try:

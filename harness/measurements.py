@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from .vocabulary import padded
+from .vocabulary import padded, waste_percent
 
 SPEC_WASTE_BATCH = 500  # spec section 4's example: on vLLM's grid for max_num_seqs=256, 500 -> 512, 2.34%
 
@@ -47,21 +47,21 @@ def padding_buckets(sizes: list[int]) -> list[dict]:
     buckets, previous = [], 0
     for size in sorted(set(sizes)):
         waste = size - (previous + 1)
-        buckets.append({"first": previous + 1, "size": size, "waste": waste, "percent": 100 * waste / size})
+        buckets.append({"first": previous + 1, "size": size, "waste": waste, "percent": waste_percent(previous + 1, size)})
         previous = size
     return buckets
 
 
 def waste_by_batch(sizes: list[int]) -> list[tuple[int, float]]:
     """(batch, waste percent of the padded step) for every batch from 1 to the largest size."""
-    return [(n, 100 * (padded(sizes, n) - n) / padded(sizes, n)) for n in range(1, max(sizes) + 1)]
+    return [(n, waste_percent(n, padded(sizes, n))) for n in range(1, max(sizes) + 1)]
 
 
 def waste_line(sizes: list[int], batch: int = SPEC_WASTE_BATCH) -> str:
     to = padded(sizes, batch)
     if to is None:
         return f"batch {batch} -> above the largest size {max(sizes)}: runs eager, unpadded"
-    return f"batch {batch} -> padded {to}, waste {to - batch} tokens ({100 * (to - batch) / to:.2f}%)"
+    return f"batch {batch} -> padded {to}, waste {to - batch} tokens ({waste_percent(batch, to):.2f}%)"
 
 
 def latency_rows(run: dict) -> list[dict]:

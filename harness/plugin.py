@@ -1,9 +1,9 @@
 """The pytest plugin (entry point `pytest11`): options, the runtime and graph backend chosen once
 at configure time, capability skips at collection, fixtures, and the report header.
 
-State lives in objects registered with pytest's plugin manager, never in module globals:
-`Conformance` (this run's choices), `known_failures.KnownFailurePlugin`, `report.RunReport`
-and `robustness.Robustness`.
+State lives in objects, never in module globals: `Conformance` (this run's choices, in the
+config's stash) and the plugins registered with pytest's plugin manager,
+`known_failures.KnownFailurePlugin`, `report.RunReport` and `robustness.Robustness`.
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from . import checks, known_failures, registry, render, report, robustness
 from .hypothesis_profiles import register_profiles
 from .machine import cuda_available
 from .protocol import Capabilities
+from .records import check_record
+from .vocabulary import GRAPH_BACKENDS, PADDING_FILLS
 
 CONFORMANCE = pytest.StashKey["Conformance"]()
-FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...) can be asked for
 register_profiles()
 
 
@@ -43,7 +44,7 @@ def pytest_addoption(parser):
                     help="worse than the baseline by more than this is a regression (default %(default)s)")
     group.addoption("--fail-on-regression", action="store_true",
                     help="exit 1 (tests failed) when there is a regression against the baseline")
-    group.addoption("--graph-backend", default=None, choices=("emulated", "cuda"),
+    group.addoption("--graph-backend", default=None, choices=GRAPH_BACKENDS,
                     help="graph backend for the execution suites (default: cuda when a GPU is present and the "
                          "runtime offers it, else emulated)")
     group.addoption("--preset", default="tiny", metavar="NAME",
@@ -63,7 +64,6 @@ class Conformance:
     def __init__(self, config, runtime, runtime_option: str):
         from .boundary import RuntimeProxy
 
-        self.config = config
         self.runtime = RuntimeProxy(runtime)
         self.runtime_option = runtime_option
         self.graph_backend, self.no_backend = choose_graph_backend(config.getoption("graph_backend"), runtime)
@@ -72,7 +72,7 @@ class Conformance:
 
     def reproduce(self, nodeid: str, hypothesis: bool = False) -> str:
         command = f"pytest {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
-        if self.graph_backend and self.runtime.capabilities.execution:
+        if self.graph_backend:  # chosen only for a runtime with execution
             command += f" --graph-backend {self.graph_backend}"
         if hypothesis and self.hypothesis_seed is not None:
             command += f" --hypothesis-seed {self.hypothesis_seed}"
@@ -110,7 +110,6 @@ def pytest_configure(config):
         config.option.hypothesis_seed = random.randrange(2**32)
     conformance = Conformance(config, runtime, option)
     config.stash[CONFORMANCE] = conformance
-    config.pluginmanager.register(conformance, "cudagraph-conformance")
     config.pluginmanager.register(robustness.Robustness(config, runtime), "cudagraph-conformance-robustness")
     try:
         known = known_failures.KnownFailurePlugin.from_config(config, runtime, conformance.graph_backend)
@@ -164,7 +163,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("padding_fill", [
             pytest.param(fill, marks=() if fill in capabilities.padding_fills else pytest.mark.skip(
                 reason=f"runtime {c.runtime.name!r} cannot fill padded rows with {fill!r} (padding_fills)"))
-            for fill in FILLS])
+            for fill in PADDING_FILLS])
     if "attention_backend" in metafunc.fixturenames:
         declared = list(capabilities.attention_backends)
         metafunc.parametrize("attention_backend", declared or [pytest.param(
@@ -239,8 +238,6 @@ def check(request, runtime):
 @pytest.fixture
 def record(request):
     """record(harness.records.X(...)): a measurement, stored with this test in the JSON report."""
-    from .records import check_record
-
     def add(item) -> None:
         request.node.user_properties.append(("record", check_record(item)))
 

@@ -8,7 +8,7 @@ from importlib import metadata
 from typing import Callable
 
 from .protocol import Capabilities
-from .safe import safe_repr
+from .safe import describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "cudagraph_conformance.runtimes"
 DEFAULT_RUNTIME = "reference"
@@ -38,7 +38,7 @@ def discover(pluginmanager=None, only: str | None = None) -> dict[str, RuntimeEn
         try:
             entries[ep.name] = RuntimeEntry(ep.name, origin, factory=ep.load())
         except Exception as exc:  # a broken package must not hide the others
-            entries[ep.name] = RuntimeEntry(ep.name, origin, error=_one_line(exc))
+            entries[ep.name] = RuntimeEntry(ep.name, origin, error=describe_exception(exc))
     if pluginmanager is not None:
         for plugin_result in pluginmanager.hook.pytest_cudagraph_runtimes():
             for name, factory in dict(plugin_result or {}).items():
@@ -67,7 +67,7 @@ def resolve(spec: str, pluginmanager=None):
         runtime = factory()
     except Exception as exc:
         raise RuntimeLoadError(
-            f"runtime {spec!r} ({origin}) failed to start: {_one_line(exc)}\n{traceback.format_exc(limit=3)}"
+            f"runtime {spec!r} ({origin}) failed to start: {describe_exception(exc)}\n{traceback.format_exc(limit=3)}"
         ) from None
     check(runtime, origin)
     return runtime
@@ -106,12 +106,8 @@ def _import_factory(spec: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise RuntimeLoadError(f"--runtime {spec}: module {module_name!r} failed to import: {_one_line(exc)}") from None
+        raise RuntimeLoadError(f"--runtime {spec}: module {module_name!r} failed to import: {describe_exception(exc)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
         raise RuntimeLoadError(f"--runtime {spec}: module {module_name!r} has no attribute {attr!r}") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]

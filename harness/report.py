@@ -151,6 +151,11 @@ class RunReport:
         # Read once, at the first flush: the watchdog's flush must not wait on a device a test has wedged.
         return device_description(self.runtime)
 
+    @functools.cached_property
+    def commit(self) -> str | None:
+        # Once per run, not at every flush: a subprocess each time would hold up the watchdog's flush too.
+        return git_commit()
+
     def as_dict(self) -> dict:
         runtime = self.runtime
         tests = [self._as_ended(r) for r in sorted(self.results.values(), key=lambda r: r["nodeid"])]
@@ -166,7 +171,7 @@ class RunReport:
             "hypothesis": {"profile": self.conformance.hypothesis_profile, "seed": self.conformance.hypothesis_seed},
             "torch": torch_version,
             "python": platform.python_version(),
-            "git_commit": git_commit(),
+            "git_commit": self.commit,
             "args": list(self.config.invocation_params.args),
             "started": self.started,
             "seconds": round(time.time() - self.started, 3),

@@ -9,6 +9,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+# -- what a run and a step can be asked for ------------------------------------------------------
+GRAPH_BACKENDS = ("cuda", "emulated")  # the CPU emulator (harness.graphs.emulator) or real CUDA graphs
+PADDING_FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...) may put in padded rows
+
 # -- modes (spec section 2) -------------------------------------------------------------------
 # What one step runs, lowest first: data-parallel ranks agree on the lowest.
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
@@ -22,11 +26,6 @@ ROUTINES = {
     FDO: ("FULL", "NONE"),
     FAP: ("FULL", "PIECEWISE"),
 }
-
-
-def runtime_modes_of(config_mode: str) -> frozenset[str]:
-    """The runtime modes a config mode can run (NONE always: above the max, a batch runs eager)."""
-    return frozenset({"NONE", *ROUTINES[config_mode]})
 
 
 def lowest(modes) -> str:

@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.protocol import PolicyConfig  # noqa: E402
+from harness.vocabulary import waste_percent  # noqa: E402
 
-RANGES = ((1, 8), (9, 32), (33, 128), (129, 512))
-MIXED_TOKENS = 8192  # mixed batches are asked up to vLLM's and SGLang's default token budget on an H200  # batch ranges (requests) the waste is summarised over
+RANGES = ((1, 8), (9, 32), (33, 128), (129, 512))  # batch ranges (requests) the waste is summarised over
+MIXED_TOKENS = 8192  # mixed batches are asked up to vLLM's and SGLang's default token budget on an H200
 COLOURS = {"vLLM V1": "tab:blue", "vLLM V2": "tab:green", "SGLang": "tab:red", "bucket engine": "tab:purple"}
 # V1 and V2 pad decode steps alike: V1 drawn wide and dashed, so the V2 line on top leaves it visible.
 LINES = {"vLLM V1": dict(linestyle="--", linewidth=3, alpha=0.6)}
@@ -109,7 +110,7 @@ def waste(padded: list, q: int, low: int, high: int) -> tuple[float, float, int]
     rows = [(n, p) for n, p in enumerate(padded, start=1) if low <= n <= high]
     if not rows:
         return None
-    pct = [100.0 * (p - n * q) / p for n, p in rows if p is not None]
+    pct = [waste_percent(n * q, p) for n, p in rows if p is not None]
     eager = sum(p is None for _, p in rows)
     return (sum(pct) / len(pct) if pct else 0.0, max(pct, default=0.0), eager)
 
@@ -127,7 +128,7 @@ def plot(results: dict, seqs: int, q: int, path: Path) -> None:
         colour = COLOURS.get(name)
         tokens = [p if p is not None else float("nan") for p in result["padded"]]
         left.step(batches, tokens, where="post", label=name, color=colour, **LINES.get(name, {}))
-        right.plot(batches, [100.0 * (p - n * q) / p if p else float("nan") for n, p in zip(batches, result["padded"])],
+        right.plot(batches, [waste_percent(n * q, p) if p else float("nan") for n, p in zip(batches, result["padded"])],
                    MARKERS.get(name, "."), markersize=3 if seqs > 64 else 5, label=name, color=colour)
     left.plot(batches, [n * q for n in batches], ":", color="grey", label="unpadded")
     left.set(title=f"padded decode step, max_num_seqs={seqs}, q={q}", xlabel="requests in the batch",

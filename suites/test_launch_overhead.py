@@ -41,6 +41,8 @@ def test_a_graph_step_submits_far_less_than_eager(check, engines, record, mode, 
     record(Launches(batch=batch, counts={"NONE": eager.as_dict(), out.runtime_mode: graph.as_dict()},
                     graph_backend=engines.graph_backend))
     counts = {"eager": eager.describe(), out.runtime_mode: graph.describe()}
+    # Graph launches are checked on every step already (harness.observe); they are checked again here
+    # because on CUDA these counts come from the profiler, a second witness beside the graph log.
     check.equal(eager.graphs, 0, what="an eager step launches no graph", source=OBSERVED, case=case)
     if out.runtime_mode == "FULL":
         check.equal(graph.graphs, 1, what="a FULL step is one graph launch", source=OBSERVED, case=case)

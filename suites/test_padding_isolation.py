@@ -13,6 +13,7 @@ and the KV snapshot before the step. Padded batches are chosen from the runtime'
 import pytest
 import torch
 
+from harness import kv
 from harness.batches import advance, decode_requests, describe_batch, mixed_requests, prefill
 from harness.vocabulary import EAGER, OBSERVED, OWN_POLICY
 
@@ -75,8 +76,8 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
         before = engine.kv_snapshot()
         out = engine.step(requests)
         after = engine.kv_snapshot()
-        written = {engine.slot_of(r.request_id, r.context_len + j) for r in requests for j in range(len(r.token_ids))}
-        stray = sorted(set(changed_slots(before, after)) - written)
+        written = kv.written_slots(engine, requests)
+        stray = kv.stray_slots(engine, requests, before, after)
         last = before.shape[0] - 1
         check.that(not stray, what="padded rows wrote KV-cache slots" + (
             " (including the last slot, where -1 wraps)" if last in stray else ""), source=OBSERVED,
@@ -84,13 +85,6 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
             stray_slots=stray[:10], real_slots=sorted(written)[:10])
         for request_id in started:
             engine.release(request_id)
-
-
-def changed_slots(before, after) -> list[int]:
-    """Slots whose contents changed; a NaN that stayed NaN is not a change."""
-    differ = (before != after).flatten(1).any(dim=1).nonzero().flatten().tolist()
-    return [s for s in differ if not torch.equal(before[s].isnan(), after[s].isnan())
-            or not torch.equal(before[s].nan_to_num(), after[s].nan_to_num())]
 
 
 @pytest.mark.requires("input_inspection")

@@ -21,8 +21,7 @@ import torch
 from .base import CapturedGraph, CaptureError, GraphBackend, StaleAddressError
 from .cuda import CudaGraphBackend
 from .emulated import EmulatedGraphBackend
-
-BACKEND_NAMES = ("cuda", "emulated")
+from ..vocabulary import GRAPH_BACKENDS as BACKEND_NAMES
 
 
 def make_backend(name: str, device: torch.device | str = "cpu", *, debug: bool = False) -> GraphBackend:

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-PADDING_FILLS = ("zeros", "random", "nan", "inf")
+from harness.vocabulary import PADDING_FILLS
 
 
 @contextmanager

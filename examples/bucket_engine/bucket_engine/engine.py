@@ -28,6 +28,7 @@ import torch
 from harness import presets
 from harness.graphs import emulator
 from harness.protocol import CaptureReport, EngineConfig, StepInputs, StepResult
+from harness.vocabulary import PADDING_FILLS
 
 from . import policy
 from .model import Llama
@@ -35,7 +36,6 @@ from .model import Llama
 ATTENTION = ("gather", "ALWAYS")  # the one attention backend: every token gathers its own KV row
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INPUTS = ("token_ids", "positions", "slot_mapping", "kv_rows")  # the static inputs, by name
-PADDING_FILLS = ("zeros", "random", "nan", "inf")
 
 
 class BucketEngine:
