@@ -43,8 +43,7 @@ MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
 # How ranks start: a parent that initialised CUDA cannot fork, so GPU ranks are spawned; CPU ranks
 # fork from a server that imported torch once.
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
-# Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds;
-# transformers and its Llama where installed: the harness's checkpoints are Llama models, loaded with it.
+# Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds.
 PRELOAD = ("torch", "torch.distributed", "safetensors.torch")  # what every rank needs before it builds an engine
 
 

@@ -23,7 +23,7 @@ from .batches import describe_batch, is_uniform
 from .checks import Check
 from .graphs import device_for
 from .graphs.log import LOG, GraphLog
-from .protocol import EngineConfig, PolicyConfig, Request
+from .protocol import EngineConfig, PolicyConfig
 from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
 
 

@@ -173,6 +173,8 @@ class PaddingNotMonotone(OwnPolicy):
     def padded_size(self, config, num_tokens):
         padded = super().padded_size(config, num_tokens)
         return max(self.capture_sizes(config)) if padded is not None and num_tokens % 2 == 0 else padded
+
+
 class V2RoundsSizes(ReferenceRuntime):
     """Answers vLLM's V2 runner with V1's sizes: rounded to multiples of q, where V2 rounds only its decode keys."""
 

@@ -5,7 +5,6 @@ that should catch it.
 Each case is a pytest session over the suite files it needs, in this process, read back from
 the harness's own JSON report. The catch table is printed at the end of the run.
 """
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 # Imported here, before any inner session: pytester forgets the modules a session imported.
 import transformers.models.llama.modeling_llama  # noqa: F401
 
-from tests import broken_example_engines
+from tests import broken_example_engines, catching
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
@@ -46,12 +45,7 @@ def one_thread():
 def run_suites(pytester, runtime: str, suites: list[str]) -> dict:
     """One session over the suite files; --tb=native, since pytest's own tracebacks parse every
     torch source file an error passed through (a second a failure)."""
-    report_dir = pytester.path / "report"
-    pytester.runpytest(*[str(SUITES / name) for name in suites], "--runtime", f"tests.broken_example_engines:{runtime}",
-                       "--report-dir", str(report_dir), "--rootdir", str(ROOT), "-q", "--tb=native", "-p", "no:xdist",
-                       "-p", "no:cacheprovider")
-    (report,) = report_dir.glob("conformance-*.json")
-    return json.loads(report.read_text())
+    return catching.run_suites(pytester, f"tests.broken_example_engines:{runtime}", suites, "--tb=native")
 
 
 def failures(report) -> list[dict]:

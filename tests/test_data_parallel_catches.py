@@ -5,7 +5,6 @@ Each mutant runs the scripted sequence in an in-process pytest session of its ow
 processes of harness.distributed are shared across sessions, so only its engines are built).
 The reference passing the suite is checked by the run of `suites/` itself.
 """
-import json
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from harness import distributed
 from harness.observe import EngineFactory
 from harness.protocol import Request
-from tests import broken_dp_runtimes
+from tests import broken_dp_runtimes, catching
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "suites" / "test_data_parallel_execution.py"
@@ -39,12 +38,7 @@ HANGS = "IdleSkipsTheStep"  # the busy ranks wait for ever: its own test below
 
 def run_suite(pytester, monkeypatch, mutant: str, select: str) -> dict:
     monkeypatch.setattr(distributed, "STEP_TIMEOUT_S", HANG_TIMEOUT_S)
-    report_dir = pytester.path / "report"
-    pytester.runpytest(str(SUITE), "--runtime", f"tests.broken_dp_runtimes:{mutant}", "-k", select,
-                       "--report-dir", str(report_dir), "-p", "no:xdist", "-p", "no:cacheprovider",
-                       "--rootdir", str(ROOT), "-q")
-    (report,) = report_dir.glob("conformance-*.json")
-    return json.loads(report.read_text())
+    return catching.run_suites(pytester, f"tests.broken_dp_runtimes:{mutant}", [SUITE.name], "-k", select)
 
 
 def test_every_mutant_has_an_expectation():

@@ -22,6 +22,7 @@ import time
 from harness import protocol as p
 
 from . import settings
+from .policy import sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
 
@@ -131,7 +132,7 @@ class VllmEngine:
         return next((descs for key, descs in self.manager._capture_descs.items() if key.name == mode), [])
 
     def sizes_with_graphs(self) -> list[int]:
-        return sorted({d.num_tokens for descs in self.manager._capture_descs.values() for d in descs})
+        return list(sizes_with_graphs(self.manager))
 
     # -- steps --------------------------------------------------------------------------------
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:

@@ -63,7 +63,7 @@ def timed(what: str):
 
 
 def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,
-                max_model_len: int | None = None, num_blocks: int | None = None, compilation: dict | None = None):
+                max_model_len: int | None = None, compilation: dict | None = None):
     """vLLM's EngineArgs for a model folder and a harness PolicyConfig. Raises ValueError for what
     this runtime does not drive (speculative decoding, LoRA)."""
     from vllm.engine.arg_utils import EngineArgs
@@ -82,8 +82,6 @@ def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int 
         kwargs["max_num_batched_tokens"] = policy.max_num_batched_tokens
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
-    if num_blocks is not None:
-        kwargs["num_gpu_blocks_override"] = num_blocks
     if policy.mode == "NONE":
         kwargs["enforce_eager"] = True  # vLLM's -O0: no torch.compile, no graphs
     else:

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     failed = []
     for mode in [m for m in args.modes.split(",") if m]:
         try:
-            run_mode(runtime, anchor, checkpoint, mode, args.dtype)
+            run_mode(runtime, anchor, mode, args.dtype)
         except Exception:
             failed.append(mode)
             say(f"mode={mode} FAILED")
@@ -67,17 +67,15 @@ def main(argv=None) -> int:
 PRESET = "small"
 
 
-def engine_config(checkpoint: str, mode: str, dtype: str):
-    """The config the suites' EngineFactory makes for this mode (harness/observe.py)."""
-    from harness.protocol import EngineConfig, PolicyConfig
+def engine_config(runtime, mode: str, dtype: str = "float32"):
+    """The config the suites' engine factory makes for this mode, so that the smoke stage fills the
+    compile caches the suites then hit."""
+    from harness.observe import EngineFactory
 
-    return EngineConfig(preset=PRESET, dtype=dtype, device="cuda", graph_backend="cuda",
-                        policy=PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64, mode=mode),
-                        attention_backends=(settings.ATTENTION_BACKEND,), max_model_len=128, kv_tokens=1024,
-                        checkpoint=checkpoint)
+    return EngineFactory(runtime, "cuda", preset=PRESET, dtype=dtype).config(mode=mode)
 
 
-def run_mode(runtime, anchor, checkpoint: str, mode: str, dtype: str) -> None:
+def run_mode(runtime, anchor, mode: str, dtype: str) -> None:
     import torch
 
     from harness.anchor import TOLERANCE
@@ -85,7 +83,7 @@ def run_mode(runtime, anchor, checkpoint: str, mode: str, dtype: str) -> None:
     from harness.graphs.log import LOG
     from harness.protocol import Request
 
-    config = engine_config(checkpoint, mode, dtype)
+    config = engine_config(runtime, mode, dtype)
     started = time.perf_counter()
     engine = runtime.build(config)
     say(f"mode={mode} built in {time.perf_counter() - started:.1f}s: {engine.describe()}")

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="vLLM is not installed (see plugins/vllm-engine/README.md)")
 
-from harness import oracle, presets  # noqa: E402
+from harness import oracle  # noqa: E402
 from harness.anchor import TOLERANCE, Anchor  # noqa: E402
 from harness.batches import advance, decode_requests, prefill  # noqa: E402
 from harness.graphs.log import LOG, watch_cuda_graphs  # noqa: E402
@@ -34,7 +34,7 @@ def runtime():
 
 @pytest.fixture(scope="module")
 def engine(runtime):
-    engine = runtime.build(engine_config(str(presets.checkpoint("tiny")), "FULL_AND_PIECEWISE", "float32"))
+    engine = runtime.build(engine_config(runtime, "FULL_AND_PIECEWISE"))  # the suites' preset and checkpoint
     before = LOG.snapshot()
     engine.report = engine.capture()
     engine.captures_seen = LOG.since(before).captures
