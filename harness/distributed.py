@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-from . import kv
+from . import kv, machine
 from .batches import describe_batch
 from .safe import safe_str
 
@@ -316,18 +316,10 @@ def _rank_main(rank: int, world: int, backend: str, port: int, connection) -> No
 
 
 def _join(rank: int, world: int, backend: str, port: int) -> str:
-    import torch
     import torch.distributed as dist
 
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        from .graphs.log import watch_cuda_graphs
-
-        watch_cuda_graphs()
-        device = f"cuda:{rank}"
-    else:
-        torch.set_num_threads(1)  # the ranks share the machine's cores; one thread each stops them fighting
-        device = "cpu"
+    machine.share("cuda" if backend == "nccl" else "emulated", rank)  # a GPU, or one CPU thread, a rank
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     # The group's own timeout outlasts the harness's: the harness names the hang first.
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=max(START_TIMEOUT_S, 4 * STEP_TIMEOUT_S)))

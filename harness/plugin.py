@@ -15,7 +15,7 @@ import pytest
 
 from . import checks, known_failures, registry, render, report, robustness
 from .hypothesis_profiles import register_profiles
-from .machine import cuda_available
+from . import machine
 from .protocol import Capabilities
 from .records import check_record
 from .vocabulary import GRAPH_BACKENDS, PADDING_FILLS
@@ -81,7 +81,7 @@ class Conformance:
 
 def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | None]:
     """(backend, None) or (None, why the execution suites cannot run). Decided once per run."""
-    if asked == "cuda" and not cuda_available():
+    if asked == "cuda" and not machine.cuda_available():
         raise pytest.UsageError(
             "--graph-backend cuda needs a CUDA device, and torch sees none on this machine. "
             "Leave --graph-backend out (the CPU graph emulator is chosen where there is no GPU) or pass "
@@ -90,7 +90,7 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
     if not capabilities.execution:
         return None, f"runtime {runtime.name!r} does not declare capability execution"
     offered = capabilities.graph_backends
-    chosen = asked or ("cuda" if "cuda" in offered and cuda_available() else "emulated")
+    chosen = asked or ("cuda" if "cuda" in offered and machine.cuda_available() else "emulated")
     if chosen not in offered:
         return None, f"runtime {runtime.name!r} offers graph backends {offered}, not {chosen!r}"
     return chosen, None
@@ -244,12 +244,24 @@ def record(request):
     return add
 
 
+def _share_the_machine(config, graph_backend: str) -> None:
+    """Under xdist, worker gwN takes its share of the machine (machine.share): GPU N mod count, or
+    one CPU thread. With one GPU no device is set, so CUDA starts no earlier than the first engine."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    index = int(worker.lstrip("gw")) if worker else None
+    if graph_backend == "cuda" and index is not None:
+        import torch
+
+        index = index if torch.cuda.device_count() > 1 else None
+    machine.share(graph_backend, index)
+
+
 @pytest.fixture(scope="session")
 def graph_backend(pytestconfig):
     c = conformance_of(pytestconfig)
     if c.graph_backend is None:
         pytest.skip(c.no_backend)
-    robustness.share_the_machine(pytestconfig, c.graph_backend)
+    _share_the_machine(pytestconfig, c.graph_backend)
     return c.graph_backend
 
 

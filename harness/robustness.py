@@ -336,20 +336,3 @@ def _engines_held(item) -> int:
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def share_the_machine(config, graph_backend: str) -> None:
-    """Under xdist, worker gwN uses GPU N mod count, so workers do not share one device; on the
-    CPU each worker computes on one thread, so N workers do not oversubscribe N cores. The CUDA
-    graph log starts counting as soon as CUDA graphs are the backend."""
-    import torch
-
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if graph_backend == "cuda":
-        from .graphs.log import watch_cuda_graphs
-
-        watch_cuda_graphs()
-        if worker and torch.cuda.device_count() > 1:
-            torch.cuda.set_device(int(worker.lstrip("gw")) % torch.cuda.device_count())
-    elif worker:
-        torch.set_num_threads(1)
