@@ -8,7 +8,7 @@ than this code is refused with a message.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import ClassVar
 
 SCHEMA_VERSION = 2
@@ -175,14 +175,9 @@ def check_record(record: Record) -> dict:
     """The record as stored; a suite that records something malformed fails loudly here."""
     if not isinstance(record, Record):
         raise TypeError(f"record() takes a harness.records.Record, got {type(record).__name__}")
-    names = {f.name for f in fields(record)}
     data = record.as_dict()
-    missing = [n for n in names if data.get(n) is None and _required(type(record), n)]
+    missing = [f.name for f in fields(record)  # a field without a default must have a value
+               if f.default is MISSING and f.default_factory is MISSING and data.get(f.name) is None]
     if missing:
         raise ValueError(f"record {record.kind!r} is missing {missing}")
     return data
-
-
-def _required(cls, name: str) -> bool:
-    f = next(f for f in fields(cls) if f.name == name)
-    return f.default is field().default and f.default_factory is field().default_factory  # no default given
