@@ -12,40 +12,18 @@ import torch
 
 from harness.protocol import Request
 from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
-from reference_runtime.engine.data_parallel import DataParallel
+from reference_runtime.engine.data_parallel import DataParallel, own_share
 from reference_runtime.engine.runner import ModelRunner, StepOutput
 from reference_runtime.policy import CUDAGraphMode
-from reference_runtime.policy.data_parallel import Shared, runs, share
+from reference_runtime.policy.data_parallel import graph_size, graph_uniform, lowest, runs
 from reference_runtime.policy.modes import RUNTIME_MODE_RANK
-
-
-def _mine(dispatcher, num_tokens, num_reqs, uniform, captured) -> tuple[Shared, int]:
-    """The reference's first half: the rank's own share (an idle rank as one decode request)."""
-    if num_tokens == 0:
-        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
-    return share(dispatcher, num_tokens, num_reqs, uniform, captured), num_reqs
-
-
-def _lowest(ranks) -> CUDAGraphMode:
-    return min((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
-
-
-def _agreed_size(dispatcher, ranks) -> int:
-    """The size the ranks pad to under a graph mode, by the policy's runner."""
-    return max(r.num_tokens if dispatcher.config.runner == "v2" else r.size for r in ranks)
-
-
-def _uniform(dispatcher, mine: Shared, ranks, size: int) -> bool:
-    if dispatcher.config.runner == "v2":
-        return all(r.uniform for r in ranks)
-    return mine.uniform and size % dispatcher.config.query_len == 0
 
 
 class _PadsToLocalSize(DataParallel):
     """Agrees on the mode, but pads to the size its own dispatch chose instead of the largest."""
 
     def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = _mine(dispatcher, num_tokens, num_reqs, uniform, captured)
+        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
         ranks = [r._replace(num_tokens=mine.num_tokens, size=mine.size) for r in self.exchange(mine)]
         return runs(dispatcher, ranks, self.rank, num_reqs)
 
@@ -55,11 +33,11 @@ class _KeepsOwnMode(DataParallel):
     the agreed mode (vllm-ascend #6011), so a decode rank replays FULL beside a PIECEWISE rank."""
 
     def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = _mine(dispatcher, num_tokens, num_reqs, uniform, captured)
+        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
         ranks = self.exchange(mine)
-        if _lowest(ranks) is CUDAGraphMode.NONE:
+        if lowest(ranks) is CUDAGraphMode.NONE:
             return runs(dispatcher, ranks, self.rank, num_reqs)
-        size = _agreed_size(dispatcher, ranks)
+        size = graph_size(dispatcher, ranks)
         return dispatcher.lookup(size, num_reqs, mine.uniform and size % dispatcher.config.query_len == 0)
 
 
@@ -68,14 +46,14 @@ class _MaxModeConsensus(DataParallel):
     of that mode for its batch falls back below it, as vLLM's dispatcher does."""
 
     def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = _mine(dispatcher, num_tokens, num_reqs, uniform, captured)
+        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
         ranks = self.exchange(mine)
         agreed = max((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
         if agreed is CUDAGraphMode.NONE:
             return runs(dispatcher, ranks, self.rank, num_reqs)
-        size = _agreed_size(dispatcher, ranks)
+        size = graph_size(dispatcher, ranks)
         allowed = frozenset(m for m in RUNTIME_MODE_RANK if RUNTIME_MODE_RANK[m] <= RUNTIME_MODE_RANK[agreed])
-        return dispatcher.lookup(size, num_reqs, _uniform(dispatcher, mine, ranks, size), allowed_modes=allowed)
+        return dispatcher.lookup(size, num_reqs, graph_uniform(dispatcher, mine, ranks, size), allowed_modes=allowed)
 
 
 class _PadsUnderEager(DataParallel):
@@ -83,9 +61,9 @@ class _PadsUnderEager(DataParallel):
     PR #34102 padded whenever graphs were enabled at all)."""
 
     def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = _mine(dispatcher, num_tokens, num_reqs, uniform, captured)
+        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
         ranks = self.exchange(mine)
-        if _lowest(ranks) is CUDAGraphMode.NONE:
+        if lowest(ranks) is CUDAGraphMode.NONE:
             return dispatcher.lookup(max(r.size for r in ranks), num_reqs, mine.uniform,
                                      allowed_modes=frozenset({CUDAGraphMode.NONE}))
         return runs(dispatcher, ranks, self.rank, num_reqs)

@@ -16,9 +16,7 @@ import torch.distributed as dist
 
 from ..policy import BatchDescriptor, CUDAGraphMode, Dispatcher  # noqa: F401 (BatchDescriptor: the answer's type)
 from ..policy.data_parallel import Shared, runs, share
-from ..policy.modes import RUNTIME_MODE_RANK
-
-MODE_OF_RANK = {rank: mode for mode, rank in RUNTIME_MODE_RANK.items()}
+from ..policy.modes import RUNTIME_MODE_RANK, RUNTIME_MODES  # RUNTIME_MODES[rank] is the mode of that rank
 
 
 class DataParallel:
@@ -34,9 +32,7 @@ class DataParallel:
     def dispatch(self, dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
                  captured: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """What this rank runs: its own dispatch, the all-reduce, the re-dispatch."""
-        if num_tokens == 0:  # idle: a dummy decode step of one request, padding rows only
-            num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
-        mine = share(dispatcher, num_tokens, num_reqs, uniform, captured)
+        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
         return runs(dispatcher, self.exchange(mine), self.rank, num_reqs)
 
     def exchange(self, mine: Shared) -> list[Shared]:
@@ -47,4 +43,13 @@ class DataParallel:
                                             int(mine.uniform)], dtype=torch.int32)
         table = table.to(self.device)
         dist.all_reduce(table)
-        return [Shared(t, s, MODE_OF_RANK[m], bool(u)) for t, s, m, u in zip(*table.cpu().tolist())]
+        return [Shared(t, s, RUNTIME_MODES[m], bool(u)) for t, s, m, u in zip(*table.cpu().tolist())]
+
+
+def own_share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
+              captured: bool) -> tuple[Shared, int]:
+    """(what this rank shares, its request count); an idle rank runs a dummy decode step of one
+    request, padding rows only."""
+    if num_tokens == 0:
+        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
+    return share(dispatcher, num_tokens, num_reqs, uniform, captured), num_reqs

@@ -42,20 +42,38 @@ def share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int | None, uniform
     return Shared(num_tokens, key.num_tokens, mode, uniform)
 
 
+def lowest(ranks: list[Shared]) -> CUDAGraphMode:
+    """The mode the ranks agree on: the lowest any of them dispatched."""
+    return min((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
+
+
+def graph_size(dispatcher: Dispatcher, ranks: list[Shared]) -> int:
+    """The size every rank re-dispatches at under a graph mode: V2 the largest unpadded size, V1
+    the largest padded one."""
+    return max(r.num_tokens if dispatcher.config.runner == "v2" else r.size for r in ranks)
+
+
+def graph_uniform(dispatcher: Dispatcher, own: Shared, ranks: list[Shared], size: int) -> bool:
+    """Whether a rank re-dispatches as uniform: V2 only if every rank is; V1 keeps its own
+    uniformity where the size still divides into whole requests."""
+    if dispatcher.config.runner == "v2":
+        return all(r.uniform for r in ranks)
+    return own.uniform and size % dispatcher.config.query_len == 0
+
+
 def runs(dispatcher: Dispatcher, ranks: list[Shared], mine: int, num_reqs: int | None
          ) -> tuple[CUDAGraphMode, BatchDescriptor]:
     """What rank `mine` runs once every rank has shared."""
-    own = ranks[mine]
-    agreed = min((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
+    own, agreed = ranks[mine], lowest(ranks)
     only = frozenset({agreed})
-    if dispatcher.config.runner == "v2":
-        if agreed is CUDAGraphMode.NONE:
+    if agreed is CUDAGraphMode.NONE:  # no padding across ranks: V2 unpadded, V1 at its own dispatch's size
+        if dispatcher.config.runner == "v2":
             return dispatcher.lookup(own.num_tokens, num_reqs, own.uniform, allowed_modes=only)
-        return dispatcher.lookup(max(r.num_tokens for r in ranks), num_reqs, all(r.uniform for r in ranks))
-    if agreed is CUDAGraphMode.NONE:
         return dispatcher.dispatch(own.size, None, False, allowed_modes=only)
-    size = max(r.size for r in ranks)
-    uniform = own.uniform and size % dispatcher.config.query_len == 0  # the rank keeps its own uniformity
+    size = graph_size(dispatcher, ranks)
+    uniform = graph_uniform(dispatcher, own, ranks, size)
+    if dispatcher.config.runner == "v2":
+        return dispatcher.lookup(size, num_reqs, uniform)
     return dispatcher.dispatch(size, None, uniform, allowed_modes=only)
 
 
