@@ -2,8 +2,9 @@
 and runs a real pytest session on it.
 
 In-process runs (`runpytest`) are used where nothing depends on a fresh interpreter, for
-speed; subprocess runs (`runpytest_subprocess`) where something does: entry points found on
-PYTHONPATH, xdist workers, imports that must not leak into this process.
+speed (xdist runs too: the workers are fresh processes anyway); subprocess runs
+(`runpytest_subprocess`) where something does: hypothesis's global settings, a hang cut by the
+timeout, imports that must not leak into this process.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def install_entry_points(pytester, monkeypatch, **entry_points: str) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-runtimes\nVersion: 0.1\n")
     lines = [f"{name} = {value}" for name, value in entry_points.items()]
     (dist / "entry_points.txt").write_text("[cudagraph_conformance.runtimes]\n" + "\n".join(lines) + "\n")
-    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    monkeypatch.syspath_prepend(str(pytester.path))  # importlib.metadata reads sys.path afresh on every call
 
 
 def write_known_failures(pytester, *entries: dict, filename: str = "known_failures.toml"):
@@ -105,11 +106,11 @@ def test_entry_point_runtime_is_listed_and_selectable(pytester, monkeypatch):
     install_entry_points(pytester, monkeypatch, thirdparty="thirdparty_rt:factory")
     pytester.makepyfile("def test_x(runtime):\n    assert runtime.name == 'thirdparty'\n")
 
-    listed = pytester.runpytest_subprocess("--runtime", "nosuch")
+    listed = pytester.runpytest("--runtime", "nosuch")
     assert listed.ret == USAGE_ERROR
     listed.stderr.fnmatch_lines(["*thirdparty*entry point thirdparty_rt:factory*"])
 
-    selected = pytester.runpytest_subprocess("--runtime", "thirdparty", "-v")
+    selected = pytester.runpytest("--runtime", "thirdparty", "-v")
     assert selected.ret == 0
     selected.stdout.fnmatch_lines(["runtime: thirdparty 1.2 (thirdparty_rt)", "*test_x[[]thirdparty[]] PASSED*"])
 
@@ -119,11 +120,11 @@ def test_entry_point_runtime_that_fails_to_import_is_reported(pytester, monkeypa
     install_entry_points(pytester, monkeypatch, broken="broken_rt:factory")
     pytester.makepyfile("def test_x(): pass")
 
-    listed = pytester.runpytest_subprocess("--runtime", "nosuch")
+    listed = pytester.runpytest("--runtime", "nosuch")
     assert listed.ret == USAGE_ERROR
     listed.stderr.fnmatch_lines(["*broken*failed to import: ImportError: libengine.so*", "*reference*"])
 
-    selected = pytester.runpytest_subprocess("--runtime", "broken")
+    selected = pytester.runpytest("--runtime", "broken")
     assert selected.ret == USAGE_ERROR
     selected.stderr.fnmatch_lines(["*runtime 'broken' (entry point broken_rt:factory) failed to import: ImportError: libengine.so*"])
 
@@ -381,7 +382,7 @@ def test_xdist_workers_resolve_the_runtime_and_one_report_is_written(pytester):
             assert runtime.name == "myname"
         """
     )
-    result = pytester.runpytest_subprocess("--runtime", "myname", "-n", "2", "--report-dir", "out")
+    result = pytester.runpytest("--runtime", "myname", "-n", "2", "--report-dir", "out")
     result.assert_outcomes(passed=6)
     assert sum("conformance report:" in line for line in result.outlines) == 1
     data = json.loads((pytester.path / "out" / "conformance-myname.json").read_text())
@@ -398,7 +399,7 @@ def test_xdist_reports_stale_entries_from_the_whole_collection(pytester):
         {"test": "test_kf.py::test_broken*", "category": "notyet", "reason": "deselected, not stale"},
         {"test": "test_kf.py::test_renamed*", "category": "never", "reason": "gone"},
     )
-    result = pytester.runpytest_subprocess("--runtime", "myname", "--known-failures", str(path), "-n", "2", "-k", "fixed")
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path), "-n", "2", "-k", "fixed")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*stale known failures*", "*failure #2: 'test_kf.py::test_renamed*' matches no test*"])
     result.stdout.no_fnmatch_line("*failure #1*matches no test*")
@@ -407,7 +408,7 @@ def test_xdist_reports_stale_entries_from_the_whole_collection(pytester):
 def test_xdist_unknown_capability_errors_with_its_message(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile("import pytest\n\n@pytest.mark.requires('teleport')\ndef test_x(runtime):\n    pass\n")
-    result = pytester.runpytest_subprocess("--runtime", "myname", "-n", "2")
+    result = pytester.runpytest("--runtime", "myname", "-n", "2")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*test_x[[]myname[]]: unknown capability 'teleport'*"])
 
