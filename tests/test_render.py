@@ -13,12 +13,14 @@ from collections import Counter
 
 import matplotlib  # noqa: F401  (see below)
 import pytest
+import torch  # noqa: F401  (see below)
 
 from harness import measurements, records, render
 
-# matplotlib (and numpy) are imported here, at collection, on purpose: an in-process pytester run
-# elsewhere in the session that first imports numpy drops it from sys.modules afterwards, and
-# numpy cannot be imported twice in one process. Imported before any such run, they stay.
+# matplotlib (and numpy) and torch are imported here, at collection, on purpose: an in-process
+# pytester run that first imports them (the report draws plots and names the device) drops them
+# from sys.modules afterwards, and neither can be imported twice in one process. Imported before
+# any such run, they stay.
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 H200 = "NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0)"
@@ -343,8 +345,7 @@ def test_grid(record):
 
 def test_a_real_run_renders_the_padding_section(pytester):
     pytester.makepyfile(GRID_TEST)
-    # A subprocess: the plugin and the reference runtime come from the installed entry points.
-    result = pytester.runpytest_subprocess("--report-dir", "out")
+    result = pytester.runpytest("--report-dir", "out")  # the plugin and the reference runtime by their entry points
     assert result.ret == 0
     markdown = (pytester.path / "out" / "conformance-reference.md").read_text()
     assert "### Padding" in markdown and "51 sizes, largest 512" in markdown
@@ -363,18 +364,18 @@ def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
         def test_latency(record):
             record(Latency(mode="full", batch=1, padded=1, runtime_mode="FULL", step_ms_median=1.5, step_ms_min=1.5))
     """)
-    result = pytester.runpytest_subprocess("--report-dir", "out", "--baseline", "base.json", "--fail-on-regression")
+    result = pytester.runpytest("--report-dir", "out", "--baseline", "base.json", "--fail-on-regression")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*regressions against baseline (beyond 10%)*",
                                  "reference @ *: latency full batch 1: step_ms_median 1.000 -> 1.500 (50.0% worse)"])
     assert "## Regressions against baseline" in (pytester.path / "out" / "conformance-reference.md").read_text()
     # Without --fail-on-regression the regression is reported and the run still passes.
-    assert pytester.runpytest_subprocess("--baseline", "base.json").ret == 0
+    assert pytester.runpytest("--baseline", "base.json").ret == 0
 
 
 def test_a_missing_baseline_is_a_usage_error(pytester):
     pytester.makepyfile("def test_x(): pass")
-    result = pytester.runpytest_subprocess("--baseline", "nope.json")
+    result = pytester.runpytest("--baseline", "nope.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--baseline: cannot read run report nope.json*"])
 
