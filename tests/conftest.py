@@ -1,7 +1,18 @@
-"""Collects the catch table (mutant -> suites that caught it) and prints it after the run."""
+"""Collects the catch table (mutant -> suites that caught it) and prints it after the run; gives
+each xdist worker one CPU thread."""
 import re
 
 CATCH_TABLE = {}
+
+
+def pytest_configure(config):
+    # The self-tests' sessions run in the worker itself; the suites' graph_backend fixture would
+    # give the worker its share of the machine only in a session that asks for it. One thread per
+    # worker, as machine.share gives: two workers on two cores, and the model's tensors are tiny.
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_runtest_logreport(report):
