@@ -17,6 +17,7 @@ import transformers  # noqa: F401
 from transformers import LlamaForCausalLM  # noqa: F401
 
 import harness.anchor  # noqa: F401
+import harness.plots  # noqa: F401  (matplotlib's figure classes: the report draws plots)
 import reference_runtime.adapter  # noqa: F401
 import reference_runtime.engine.runner  # noqa: F401
 

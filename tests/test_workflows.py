@@ -2,6 +2,7 @@
 installable here, so the rules that matter are checked directly)."""
 import re
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -123,3 +124,18 @@ def test_ci_fails_when_no_test_runs(tmp_path):
                             timeout=120)
     assert result.returncode == 5, result.stdout[-2000:] + result.stderr[-2000:]
     assert "collected no tests" in result.stdout
+
+
+def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
+    """scripts/time_breakdown.py: wall time, summed test time, per-file and slowest tests."""
+    (tmp_path / "test_two.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.2)\n\n"
+                                          "def test_fast():\n    pass\n")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), str(tmp_path / "test_two.py"),
+                             "-p", "no:xdist", "--rootdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert re.match(r"2 passed in ", lines[1]) and re.match(r"wall \d+\.\d s; summed test time 0\.[2-9] s", lines[2])
+    assert "test_two.py::test_slow" in lines[lines.index("slowest tests:") + 1]
+    unusable = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--profile", "-n", "2"],
+                              capture_output=True, text=True, timeout=60)
+    assert unusable.returncode == 2 and "leave out -n" in unusable.stderr
