@@ -358,7 +358,7 @@ def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
     baseline = make_run(latency_tests([(1, 6.0, 4.0, 1.0, 0.8)]))
     write_json(pytester.path / "base.json", baseline)
     # The same FULL entry at batch 1, 50% slower; the test itself passes.
-    pytester.makepyfile(f"""
+    pytester.makepyfile("""
         from harness.records import Latency
 
         def test_latency(record):
