@@ -17,6 +17,8 @@ try:
 except ImportError:  # a bare checkout: the example package is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "bucket_engine"))
 
+from bucket_engine import policy  # noqa: E402
+from harness.vocabulary import FAP  # noqa: E402
 from bucket_engine.engine import BucketEngine as Engine  # noqa: E402
 from bucket_engine.runtime import BucketRuntime  # noqa: E402
 
@@ -154,6 +156,49 @@ class SilentDowngrade(BucketRuntime):
         return replace(super().resolve_mode(request), warnings=())
 
 
+class DenseTopBuckets(BucketRuntime):
+    """Not broken: it also captures mixed batches of up to twice its largest decode batch, and that
+    grid ends in two neighbouring sizes (..., 2 * most - 1, 2 * most), so a batch of 2 * most - 1
+    tokens rightly pads to itself, not to the largest size. A suite that expects every grid to
+    have vLLM's gaps at the top fails it."""
+
+    name = "dense-top-buckets"
+
+    @staticmethod
+    def dense(config):
+        sizes = policy.capture_sizes(config)
+        top = 2 * sizes[-1] if sizes else 0
+        # Its one attention backend is ALWAYS: FULL_AND_PIECEWISE resolves to FULL (engine docstring).
+        mixed_in_graphs = config.mode in ("FULL", FAP)
+        if config.capture_sizes is not None or not mixed_in_graphs or top < 4 or top > policy.batched_tokens(config):
+            return config
+        return replace(config, capture_sizes=sizes + [top - 1, top])
+
+    def capture_sizes(self, config):
+        return super().capture_sizes(self.dense(config))
+
+    def padded_size(self, config, num_tokens):
+        return super().padded_size(self.dense(config), num_tokens)
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False):
+        return super().dispatch(self.dense(config), num_tokens, num_reqs, uniform)
+
+    def build(self, config):
+        return super().build(replace(config, policy=self.dense(config.policy)))
+
+
+class DeclaresFewerSizes(DenseTopBuckets):
+    """Captures, dispatches to and runs a graph at 2 * most - 1 tokens, but leaves that size out of
+    what capture_sizes() declares: its declared grid is not the one its engine runs."""
+
+    name = "declares-fewer-sizes"
+
+    def capture_sizes(self, config):
+        sizes = super().capture_sizes(config)
+        top = self.dense(config).capture_sizes
+        return [s for s in sizes if not top or s != top[-2]]
+
+
 BucketEngine = BucketRuntime
 BucketOffByThree = broken("bucket-off-by-three", _BucketOffByThree)
 ReportsDispatchedSize = broken("reports-dispatched-size", _ReportsDispatchedSize)
@@ -168,4 +213,4 @@ InterleavedRope = broken("interleaved-rope", _InterleavedRope)
 
 MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
            HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
-           SilentDowngrade]
+           SilentDowngrade, DeclaresFewerSizes]
