@@ -12,10 +12,10 @@ import torch
 
 from harness.protocol import Request
 from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
-from reference_runtime.engine.data_parallel import DataParallel, own_share
+from reference_runtime.engine.data_parallel import DataParallel
 from reference_runtime.engine.runner import ModelRunner, StepOutput
 from reference_runtime.policy import CUDAGraphMode
-from reference_runtime.policy.data_parallel import graph_size, graph_uniform, lowest, runs
+from reference_runtime.policy.data_parallel import graph_size, graph_uniform, lowest, own_share, runs
 from reference_runtime.policy.modes import RUNTIME_MODE_RANK
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..policy import BatchDescriptor, CUDAGraphMode, Dispatcher  # noqa: F401 (BatchDescriptor: the answer's type)
-from ..policy.data_parallel import Shared, runs, share
+from ..policy.data_parallel import Shared, own_share, runs
 from ..policy.modes import RUNTIME_MODE_RANK, RUNTIME_MODES  # RUNTIME_MODES[rank] is the mode of that rank
 
 
@@ -44,12 +44,3 @@ class DataParallel:
         table = table.to(self.device)
         dist.all_reduce(table)
         return [Shared(t, s, RUNTIME_MODES[m], bool(u)) for t, s, m, u in zip(*table.cpu().tolist())]
-
-
-def own_share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
-              captured: bool) -> tuple[Shared, int]:
-    """(what this rank shares, its request count); an idle rank runs a dummy decode step of one
-    request, padding rows only."""
-    if num_tokens == 0:
-        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
-    return share(dispatcher, num_tokens, num_reqs, uniform, captured), num_reqs

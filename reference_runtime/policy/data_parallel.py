@@ -12,8 +12,9 @@ re-dispatches at one size (`runs`). The runners differ in what they share and re
   re-dispatches at the largest unpadded size, uniform only if every rank is; agreed on eager,
   each runs at its own unpadded size.
 
-An engine rank calls `share` and `runs` around its all-reduce (engine/data_parallel.py);
-`dp_dispatch` is the whole rule over every rank at once.
+An engine rank calls `own_share` (`share`, an idle rank as one dummy decode request) and `runs`
+around its all-reduce (engine/data_parallel.py); `dp_dispatch` is the whole rule over every rank
+at once.
 """
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int | None, uniform
     else:
         mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
     return Shared(num_tokens, key.num_tokens, mode, uniform)
+
+
+def own_share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
+              captured: bool) -> tuple[Shared, int]:
+    """(what this rank shares, its request count); an idle rank runs a dummy decode step of one
+    request, padding rows only."""
+    if num_tokens == 0:
+        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
+    return share(dispatcher, num_tokens, num_reqs, uniform, captured), num_reqs
 
 
 def lowest(ranks: list[Shared]) -> CUDAGraphMode:
