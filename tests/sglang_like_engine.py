@@ -292,15 +292,14 @@ class SGLangLikeEngine:
                 raise ValueError(f"request {r.request_id} has a token id outside the vocabulary {self.vocab}")
 
     def _load(self, requests, size: int, padding_fill: str | None = None) -> None:
-        ids, positions, slots, rows = [], [], [], []
+        ids, positions, slots = [], [], []
         for r in requests:
             for j, t in enumerate(r.token_ids):
                 p = r.context_len + j
                 ids.append(t)
                 positions.append(p)
                 slots.append(self._slot(r.request_id, p, allocate=True))
-                rows.append(p)
-        n, pad, L = len(ids), size - len(ids), self.max_len
+        pad, L = size - len(ids), self.max_len
         if size > self.max_tokens:
             raise ValueError(f"a step of {size} tokens exceeds this engine's {self.max_tokens}")
         if padding_fill in (None, "zeros"):
