@@ -78,6 +78,10 @@ class ObservedEngine:
         self._validate(result, requests, "step()")
         self.last_padded = result.padded_num_tokens
         self._check_step(requests, result, seen)
+        if self.factory.runtime.capabilities.outputs_alias_graph_buffers:
+            # The next step overwrites these logits, as declared: the harness is the caller, and a
+            # caller of such a runtime copies what it keeps.
+            result = replace(result, logits=result.logits.clone())
         return result
 
     def eager_step(self, requests, padded_num_tokens: int):

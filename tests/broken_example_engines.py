@@ -111,6 +111,16 @@ class _OutputIsAGraphBuffer(Engine):
         return result
 
 
+class AliasedOutputs(BucketRuntime):
+    """Not broken: returns a view of the graph's logits buffer and says so
+    (outputs_alias_graph_buffers=True), as engines that save the copy do. A suite that keeps a
+    step's logits past the next step without copying them fails it."""
+
+    name = "aliased-outputs"
+    engine_class = _OutputIsAGraphBuffer
+    capabilities = replace(BucketRuntime.capabilities, outputs_alias_graph_buffers=True)
+
+
 class _NoAddressCheck(Engine):
     """Declares address_checks but replays without checking: a static buffer replaced after
     capture is silently ignored, and the graph computes on the old memory."""

@@ -81,6 +81,15 @@ def test_a_grid_with_neighbouring_sizes_at_the_top_is_judged_by_its_own_rule(pyt
     assert "test_at_and_around_the_max_capture_size[dense-top-buckets-FULL]" in ran
 
 
+def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(pytester, one_thread):
+    """A runtime that declares outputs_alias_graph_buffers may hand out views the next step
+    overwrites; the harness, its caller, copies what it keeps."""
+    report = run_suites(pytester, "AliasedOutputs", ["test_replay_equivalence.py", "test_static_addresses.py"])
+    assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
+    ran = {t["nodeid"].split("::")[1] for t in report["tests"] if t["outcome"] == "passed"}
+    assert "test_generation_matches_eager_step_by_step[aliased-outputs-FULL]" in ran
+
+
 @pytest.mark.parametrize("variant", sorted(MUST_CATCH))
 def test_the_suites_catch_the_broken_variant(pytester, record_property, one_thread, variant):
     suite, words = MUST_CATCH[variant]
