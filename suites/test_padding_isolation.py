@@ -59,8 +59,10 @@ def test_real_rows_ignore_what_padded_rows_hold(check, engines, mode, padding_fi
             n, filled_inputs = filled.num_tokens, engine.last_step_inputs()
             check.that(not torch.equal(filled_inputs.token_ids[n:], plain_inputs.token_ids[n:])
                        or not torch.equal(filled_inputs.positions[n:], plain_inputs.positions[n:]),
-                       what=f"the {padding_fill!r} fill did not reach the padded rows: they hold what they held "
-                            "without it", source=OBSERVED, case=case, padded_token_ids=filled_inputs.token_ids[n:].tolist())
+                       what=f"the {padding_fill!r} fill did not reach the padded rows: they hold the token ids and "
+                            "positions they held without it (every fill but 'zeros' puts random ids and positions "
+                            "there)", source=OBSERVED, case=case, padded_token_ids=filled_inputs.token_ids[n:].tolist(),
+                       padded_positions=filled_inputs.positions[n:].tolist())
         for request_id in started:
             engine.release(request_id)
     check.that(padded_steps > 0, what="none of the batches chosen to be padded was padded", source=OWN_POLICY)
