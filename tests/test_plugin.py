@@ -358,7 +358,7 @@ def test_every_run_has_a_seed_that_reproduces_it_and_failures_name_it(pytester, 
     pytester.makepyfile(test_seeded=SEEDED)
     unseeded = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
     seed = next(line for line in unseeded.outlines if line.startswith("hypothesis:")).rsplit(" ", 1)[1]
-    unseeded.stdout.fnmatch_lines([f"*reproduce: pytest 'test_seeded.py::test_fails*' --runtime reference*"])
+    unseeded.stdout.fnmatch_lines(["*reproduce: pytest 'test_seeded.py::test_fails*' --runtime reference*"])
     again = pytester.runpytest_subprocess("-s", "--hypothesis-seed", seed, "-p", "no:cacheprovider")
     other = pytester.runpytest_subprocess("-s", "--hypothesis-seed", str(int(seed) + 1), "-p", "no:cacheprovider")
     assert drawn_examples(unseeded) and drawn_examples(again) == drawn_examples(unseeded) != drawn_examples(other)
