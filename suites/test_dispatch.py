@@ -7,7 +7,8 @@ the FULL > PIECEWISE > NONE choice.
   (vllm 0.33.0, CudaGraphManager.dispatch).
 - Any runtime with `dispatch`: the mode is one its config mode can run (a mixed batch never runs
   the decode routine), an eager dispatch is unpadded, a graph dispatch pads up, and where the
-  runtime also declares its sizes, a key's num_tokens is its own padded_size().
+  runtime also declares its sizes, a key's num_tokens is its own padded_size(); with `lora`, a
+  batch with adapters never runs a graph captured without them or for fewer.
 """
 import pytest
 from hypothesis import given
@@ -164,6 +165,31 @@ def test_lora_counts_round_up_to_a_captured_case(check, runtime, options, active
     got = runtime.dispatch(config, 5, 5, True, num_active_loras=active)
     check.equal(got, Dispatch("FULL", Descriptor(8, 8, True, True, captured)), source=SPEC, case=config,
                 what=f"dispatch of a decode batch with {active} active adapters")
+
+
+LORA_OPTIONS = [("per-count", dict(max_loras=4, specialize_active_loras=True)),
+                ("one-lora-case", dict(max_loras=4)), ("no-lora-specialisation", dict(max_loras=3, specialize_lora=False))]
+
+
+@pytest.mark.requires("dispatch", "lora")
+@pytest.mark.parametrize("mode", ["FULL", FAP])
+@pytest.mark.parametrize("options", [o for _, o in LORA_OPTIONS], ids=[name for name, _ in LORA_OPTIONS])
+def test_a_batch_with_adapters_runs_eager_or_in_a_graph_that_holds_them(check, runtime, mode, options):
+    """Any policy: a graph captured without LoRA kernels, or for fewer adapters than the batch has
+    active, would leave adapters out. So a batch with k active adapters runs eager, or in a graph
+    whose key says LoRA (has_lora) for at least k (num_active_loras >= k)."""
+    config = _config(mode, seqs=8, max_num_batched_tokens=64, **options)
+    for tokens in range(1, 65):
+        for reqs, uniform in ((tokens, True), (min(8, max(1, tokens // 3)), False)):
+            if uniform and tokens > 8:
+                continue
+            for active in range(1, options["max_loras"] + 1):
+                got = runtime.dispatch(config, tokens, reqs, uniform, num_active_loras=active)
+                key = got.descriptor
+                check.that(got.runtime_mode == "NONE" or (key.has_lora and key.num_active_loras >= active),
+                           source=OWN_POLICY, case=f"{config}; {tokens} tokens, {reqs} requests, uniform={uniform}",
+                           what=f"a batch with {active} active adapters runs in a graph without LoRA or for fewer "
+                                "adapters (it would leave adapters out)", dispatch=got)
 
 
 @pytest.mark.requires("dispatch", "lora", "vllm_policy")

@@ -19,6 +19,16 @@ class OwnPolicy(ReferenceRuntime):
     capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
 
 
+class IgnoresAdapters(OwnPolicy):
+    """An own policy that declares lora but dispatches every batch as if it had no adapter: a
+    LoRA batch replays a graph captured without LoRA kernels."""
+
+    name = "ignores-adapters"
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        return super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras=0)
+
+
 def _on_grid(size: int) -> bool:
     return size in (1, 2, 4) or (size <= 248 and size % 8 == 0) or (size >= 256 and size % 16 == 0)
 
@@ -206,5 +216,5 @@ MUTANTS = [
     PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
-    V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes,
+    V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
 ]
