@@ -66,8 +66,8 @@ class PolicyConfig:
     max_num_batched_tokens: int | None = None  # None: the runtime's default (vLLM: 8192)
     num_speculative_tokens: int = 0
     platform_max: int = 512  # 1024 on SM100 (B200 class)
-    capture_sizes: tuple[int, ...] | None = None  # user-given sizes
-    max_capture_size: int | None = None  # user-given max
+    capture_sizes: tuple[int, ...] | None = None  # user-given sizes, in tokens (as capture_sizes() answers)
+    max_capture_size: int | None = None  # user-given max, in tokens
     mode: str = "FULL_AND_PIECEWISE"  # a config mode: requested at build(), resolved in policy questions
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # separate graphs with and without LoRA
