@@ -20,9 +20,11 @@ LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
 
 
 def boundary_counts(runtime, engine) -> list[int]:
-    """s-1, s and s+1 for every capture size s of the engine's resolved policy."""
+    """s-1, s and s+1 for every capture size s of the engine's resolved policy, within the token
+    budget it was built with (no scheduler sends more: a size at the budget has no s+1)."""
     sizes = runtime.capture_sizes(engine.policy) if runtime.capabilities.capture_sizes else []
-    return sorted({n for s in sizes or range(1, 17) for n in (s - 1, s, s + 1) if n >= 1})
+    budget = engine.policy.max_num_batched_tokens
+    return sorted({n for s in sizes or range(1, 17) for n in (s - 1, s, s + 1) if 1 <= n <= budget})
 
 
 def boundary_batches(engines, engine, seqs, q=1):

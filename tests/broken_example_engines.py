@@ -197,6 +197,21 @@ class DenseTopBuckets(BucketRuntime):
         return super().build(replace(config, policy=self.dense(config.policy)))
 
 
+class GridToTheBudget(DenseTopBuckets):
+    """Not broken: its mixed-batch graphs reach the token budget (..., budget / 2, budget), and its
+    static buffers hold the budget and no more, so a step above it is refused, as no scheduler
+    sends one. A suite that probes the largest size + 1 there fails it."""
+
+    name = "grid-to-the-budget"
+
+    @staticmethod
+    def dense(config):
+        sizes, budget = policy.capture_sizes(config), policy.batched_tokens(config)
+        if config.capture_sizes is not None or config.mode not in ("FULL", FAP) or not sizes or budget <= sizes[-1]:
+            return config
+        return replace(config, capture_sizes=sizes + [s for s in (budget // 2, budget) if s > sizes[-1]])
+
+
 class DeclaresFewerSizes(DenseTopBuckets):
     """Captures, dispatches to and runs a graph at 2 * most - 1 tokens, but leaves that size out of
     what capture_sizes() declares: its declared grid is not the one its engine runs."""

@@ -81,6 +81,12 @@ def test_a_grid_with_neighbouring_sizes_at_the_top_is_judged_by_its_own_rule(pyt
     assert "test_at_and_around_the_max_capture_size[dense-top-buckets-FULL]" in ran
 
 
+def test_a_grid_that_reaches_the_token_budget_is_not_sent_more(pytester, one_thread):
+    """Sizes up to the budget the engine was built with: no suite sends a batch above it."""
+    report = run_suites(pytester, "GridToTheBudget", ["test_fallback.py", "test_replay_equivalence.py"])
+    assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
+
+
 def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(pytester, one_thread):
     """A runtime that declares outputs_alias_graph_buffers may hand out views the next step
     overwrites; the harness, its caller, copies what it keeps."""
