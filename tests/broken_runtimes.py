@@ -19,6 +19,17 @@ class OwnPolicy(ReferenceRuntime):
     capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
 
 
+class RejectsUserSizes(OwnPolicy):
+    """Not broken: a policy of its own that does not take user-given capture sizes and says so."""
+
+    name = "rejects-user-sizes"
+
+    def capture_sizes(self, config):
+        if config.capture_sizes is not None:
+            raise ValueError("user-given capture_sizes are not supported; leave them None")
+        return super().capture_sizes(config)
+
+
 class IgnoresAdapters(OwnPolicy):
     """An own policy that declares lora but dispatches every batch as if it had no adapter: a
     LoRA batch replays a graph captured without LoRA kernels."""

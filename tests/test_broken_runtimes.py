@@ -50,6 +50,12 @@ def test_a_runtime_with_its_own_policy_is_held_only_to_the_generic_checks(pytest
     assert skipped and all("vllm_policy" in t["reason"] for t in skipped)
 
 
+def test_a_policy_of_its_own_may_reject_user_given_sizes(pytester):
+    report = run_suites(pytester, "tests.broken_runtimes:RejectsUserSizes", ["test_padding.py"])
+    assert caught_by(report) == set()
+    assert any("rejects user-given capture sizes" in (t.get("reason") or "") for t in report["tests"])
+
+
 def test_a_runtime_declaring_only_data_parallel_is_not_asked_to_dispatch(pytester):
     pytester.makepyfile(dp_only="""
         from harness.protocol import Capabilities
