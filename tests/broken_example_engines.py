@@ -212,6 +212,28 @@ class GridToTheBudget(DenseTopBuckets):
         return replace(config, capture_sizes=sizes + [s for s in (budget // 2, budget) if s > sizes[-1]])
 
 
+class _RejectsFull(Engine):
+    def __init__(self, config):
+        if config.policy.mode == "FULL":
+            raise ValueError("mode FULL is not supported: mixed batches never run in a graph here; "
+                             "use FULL_DECODE_ONLY")
+        super().__init__(config)
+
+
+class RejectsFullDeclaringNoBackends(BucketRuntime):
+    """Not broken: rejects mode FULL at build with a ValueError naming it, and declares no
+    attention backends, so the harness has no resolve_mode() answer to check that against."""
+
+    name = "rejects-full"
+    engine_class = _RejectsFull
+    capabilities = replace(BucketRuntime.capabilities, attention_backends=())
+
+    def resolve_mode(self, request):
+        if request.mode == "FULL":
+            raise ValueError("mode FULL is not supported; use FULL_DECODE_ONLY")
+        return super().resolve_mode(request)
+
+
 class DeclaresFewerSizes(DenseTopBuckets):
     """Captures, dispatches to and runs a graph at 2 * most - 1 tokens, but leaves that size out of
     what capture_sizes() declares: its declared grid is not the one its engine runs."""

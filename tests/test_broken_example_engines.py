@@ -87,6 +87,13 @@ def test_a_grid_that_reaches_the_token_budget_is_not_sent_more(pytester, one_thr
     assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
 
 
+def test_a_mode_rejected_at_build_is_taken_on_the_runtimes_word_where_nothing_can_check_it(pytester, one_thread):
+    report = run_suites(pytester, "RejectsFullDeclaringNoBackends", ["test_replay_equivalence.py", "test_fallback.py"])
+    assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
+    skipped = [t for t in report["tests"] if t["outcome"] == "skipped" and "rejects FULL at build" in t["reason"]]
+    assert skipped and all("-FULL]" in t["nodeid"] for t in skipped)
+
+
 def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(pytester, one_thread):
     """A runtime that declares outputs_alias_graph_buffers may hand out views the next step
     overwrites; the harness, its caller, copies what it keeps."""
