@@ -98,6 +98,7 @@ def waste_percent(num_tokens: int, padded_to: int) -> float:
 
 # -- where an expected value comes from (every failure message names one) ---------------------
 SPEC = "the spec (vLLM's policy)"
+CONTRACT = "the protocol's rules for every runtime (docs/authoring.md)"
 ORACLE = "the harness's independent oracle"
 OWN_POLICY = "the runtime's own declared policy"
 INDEPENDENT_FORWARD = "an independent forward (transformers on the same checkpoint)"

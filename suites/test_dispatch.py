@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from harness import oracle
 from harness.protocol import Descriptor, Dispatch, PolicyConfig
-from harness.vocabulary import CONFIG_MODES, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
+from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
 
 INVARIANT = "dispatch"
 RUNNERS = ("v1", "v2")  # vLLM's model runners (docs/runners.md)
@@ -114,11 +114,11 @@ def test_runtime_mode_is_one_the_config_mode_can_run(check, runtime, mode, seqs,
     decode, mixed = ROUTINES[mode]
     allowed = {"NONE", mixed} | ({decode} if uniform else set())
     check.that(got.runtime_mode in allowed, what=f"a {'uniform' if uniform else 'mixed'} batch under {mode} "
-               f"runs one of {sorted(allowed)}", source=SPEC, case=config, got=got)
+               f"runs one of {sorted(allowed)}", source=CONTRACT, case=config, got=got)
     if got.runtime_mode == "NONE":
-        check.equal(got.descriptor.num_tokens, tokens, what="an eager step is not padded", source=SPEC, case=config)
+        check.equal(got.descriptor.num_tokens, tokens, what="an eager step is not padded", source=CONTRACT, case=config)
     else:
-        check.that(got.descriptor.num_tokens >= tokens, what="a graph step is padded up, never down", source=SPEC,
+        check.that(got.descriptor.num_tokens >= tokens, what="a graph step is padded up, never down", source=CONTRACT,
                    case=config, got=got)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from harness.protocol import ResolveRequest
 from harness.records import ResolutionCell
-from harness.vocabulary import CONFIG_MODES, OWN_POLICY, SHORT_NAMES, SPEC, SUPPORT_LEVELS, expected_resolution
+from harness.vocabulary import CONFIG_MODES, CONTRACT, OWN_POLICY, SHORT_NAMES, SPEC, SUPPORT_LEVELS, expected_resolution
 
 INVARIANT = "mode resolution"
 
@@ -99,13 +99,15 @@ def test_every_downgrade_warns_and_lands_on_a_config_mode(check, runtime):
             try:
                 result = runtime.resolve_mode(request)
             except ValueError as exc:
-                check.that(bool(str(exc).strip()), what="a rejection must say why", case=request)
+                would_work = [w for w in (*CONFIG_MODES, *SUPPORT_LEVELS) if w != mode and w in str(exc)]
+                check.that(bool(would_work), source=CONTRACT, case=request, error=str(exc)[:300],
+                           what="a rejection must name what would work (another config mode or a support level)")
                 continue
             check.that(result.requested == mode, what="the result must echo the requested mode", case=request,
                        source=OWN_POLICY, result=result)
             if result.resolved != mode:
                 check.that(bool(result.warnings), what=f"silent downgrade {mode} -> {result.resolved}: every "
-                           "downgrade must warn", source=SPEC, case=request, result=result)
+                           "downgrade must warn", source=CONTRACT, case=request, result=result)
             if support == "NEVER":
-                check.that(result.resolved in ("NONE", "PIECEWISE"), source=SPEC, case=request, result=result,
+                check.that(result.resolved in ("NONE", "PIECEWISE"), source=CONTRACT, case=request, result=result,
                            what="attention that cannot be captured leaves no FULL graphs")

@@ -30,6 +30,17 @@ class RejectsUserSizes(OwnPolicy):
         return super().capture_sizes(config)
 
 
+class VagueRejection(OwnPolicy):
+    """Rejects FULL over attention that cannot be captured without saying what would work."""
+
+    name = "vague-rejection"
+
+    def resolve_mode(self, request):
+        if request.mode == "FULL" and request.support == "NEVER":
+            raise ValueError("not supported")
+        return super().resolve_mode(request)
+
+
 class IgnoresAdapters(OwnPolicy):
     """An own policy that declares lora but dispatches every batch as if it had no adapter: a
     LoRA batch replays a graph captured without LoRA kernels."""
@@ -228,4 +239,5 @@ MUTANTS = [
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
     V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
+    VagueRejection,
 ]

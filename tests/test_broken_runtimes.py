@@ -34,6 +34,8 @@ MUST_CATCH = {
     "V2RoundsSizes": ([f"{SIZES}::test_spec_counts"], "number of capture sizes"),
     "V2ExactKeyDispatch": ([f"{DISPATCH}::test_spec_examples"], "dispatch of"),
     "V2DataParallelSharesPaddedSizes": ([f"{DP}::test_spec_examples"], "what each rank runs"),
+    "VagueRejection": ([f"{RESOLUTION}::test_every_downgrade_warns_and_lands_on_a_config_mode"],
+                       "must name what would work"),
     "IgnoresAdapters": ([f"{DISPATCH}::test_a_batch_with_adapters_runs_eager_or_in_a_graph_that_holds_them"],
                         "leave adapters out"),
 }
