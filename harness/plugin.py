@@ -184,10 +184,12 @@ def pytest_collection_modifyitems(config, items):
             # there the test errors at setup with it instead.
             item.stash[_UNKNOWN] = str(exc)
             continue
+        # append=False: the first skip mark is the reason shown, and a missing capability says
+        # more than a parameter's own skip (a padding fill it cannot make, say).
         if missing:
-            item.add_marker(pytest.mark.skip(reason=skip_reason(c.runtime.name, missing)))
+            item.add_marker(pytest.mark.skip(reason=skip_reason(c.runtime.name, missing)), append=False)
         elif c.no_backend and {"engines", "graph_backend"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.skip(reason=c.no_backend))
+            item.add_marker(pytest.mark.skip(reason=c.no_backend), append=False)
 
 
 _UNKNOWN = pytest.StashKey[str]()

@@ -163,11 +163,17 @@ def test_missing_capability_skips_naming_runtime_and_capability(pytester):
         @pytest.mark.requires("execution")
         def test_needs_execution(runtime):
             raise AssertionError("must not run")
+
+        @pytest.mark.requires("execution")
+        def test_fills(runtime, padding_fill):
+            raise AssertionError("must not run")
         """
     )
     result = pytester.runpytest("--runtime", "myname", "-rs")
-    result.assert_outcomes(passed=1, skipped=1)
-    result.stdout.fnmatch_lines(["SKIPPED*runtime 'myname' does not declare capability execution"])
+    result.assert_outcomes(passed=1, skipped=5)
+    # The missing capability is the reason, not the fills the runtime cannot make.
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]]*runtime 'myname' does not declare capability execution",
+                                 "SKIPPED [[]4[]]*runtime 'myname' does not declare capability execution"])
 
 
 def test_unknown_capability_is_a_usage_error(pytester):
