@@ -61,6 +61,15 @@ class _PaddingSlotZero(Engine):
         self.padding_slot = 0
 
 
+class _PaddingWritesAFreeSlot(Engine):
+    """Padded tokens write the first slot of the last KV row, which no request holds in the suites:
+    a write into free memory that no live request's logits show."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.padding_slot = (self.num_rows - 1) * self.length
+
+
 class _StalePaddedRows(Engine):
     """Copies only the real rows into the static buffers: padded rows keep the token ids,
     positions, slots and KV rows some earlier step left there."""
@@ -249,6 +258,7 @@ class DeclaresFewerSizes(DenseTopBuckets):
 BucketEngine = BucketRuntime
 BucketOffByThree = broken("bucket-off-by-three", _BucketOffByThree)
 ReportsDispatchedSize = broken("reports-dispatched-size", _ReportsDispatchedSize)
+PaddingWritesAFreeSlot = broken("padding-writes-a-free-slot", _PaddingWritesAFreeSlot)
 PaddingSlotZero = broken("padding-slot-zero", _PaddingSlotZero)
 StalePaddedRows = broken("stale-padded-rows", _StalePaddedRows)
 GraphKeepsRowTable = broken("graph-keeps-row-table", _GraphKeepsRowTable)
@@ -260,4 +270,4 @@ InterleavedRope = broken("interleaved-rope", _InterleavedRope)
 
 MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
            HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
-           SilentDowngrade, DeclaresFewerSizes]
+           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot]
