@@ -20,12 +20,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
-    """The largest finite |actual - expected|; None where shapes differ."""
+    """The largest |actual - expected|, inf where a value became NaN or infinite that was not
+    (so a known-failure bound on the difference cannot cover a NaN); None where shapes differ."""
     if actual.shape != expected.shape:
         return None
-    diff = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
-    finite = diff[torch.isfinite(diff)]
-    return float(finite.max()) if finite.numel() else float("nan")
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    diff = (a - e).abs()
+    diff[(a == e) | (torch.isnan(a) & torch.isnan(e))] = 0.0  # equal infinities, NaN against NaN
+    if not bool(torch.isfinite(diff).all()):
+        return float("inf")
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def first_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:

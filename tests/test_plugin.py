@@ -474,6 +474,25 @@ def test_bounds_cover_only_the_failures_they_describe(pytester):
         result.stdout.fnmatch_lines([line])
 
 
+def test_a_difference_bound_never_covers_a_value_that_became_nan(pytester):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_nan="""
+        import torch
+
+        def test_rounding(check):
+            check.same_bits(torch.tensor([1.0, 2.000001]), torch.tensor([1.0, 2.0]), what="logits", source="a test")
+
+        def test_nan(check):
+            check.same_bits(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, -0.13]), what="logits", source="a test")
+    """)
+    path = write_known_failures(pytester, {"test": "test_nan.py::test_*", "category": "notyet", "reason": "rounding",
+                                           "max_difference": 1e-6})
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(failed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*got nan, expected -0.1299*largest difference inf*"])
+    result.stdout.fnmatch_lines(["*Not covered by known failure *failure #1*: the largest difference inf*"])
+
+
 def test_a_stale_pattern_says_its_likely_cause(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile(test_kf=BOUNDED_TESTS)
