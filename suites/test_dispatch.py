@@ -11,10 +11,10 @@ the FULL > PIECEWISE > NONE choice.
   batch with adapters never runs a graph captured without them or for fewer.
 """
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness import oracle
+from harness import expected, oracle
 from harness.protocol import Descriptor, Dispatch, PolicyConfig
 from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
 
@@ -101,11 +101,25 @@ def test_every_batch_matches_the_oracle(check, runtime, config):
                         what=f"dispatch of {n} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
 
 
+def own_resolved(runtime, mode: str) -> str | None:
+    """The mode dispatch() is asked about: for a policy of its own that resolves modes, where it
+    resolves `mode` over its first attention backend (None: it rejects it), since an engine never
+    dispatches under a mode it does not run (a PIECEWISE-only engine has no FULL); under vLLM's
+    policy, or without a resolution to ask, the mode as given."""
+    caps = runtime.capabilities
+    if caps.vllm_policy or not (caps.mode_resolution and caps.attention_backends):
+        return mode
+    want = expected.resolution(runtime, mode, (caps.attention_backends[0][0],), 0)
+    return None if want.value == "error" else want.value
+
+
 @pytest.mark.requires("dispatch")
 @given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
 def test_runtime_mode_is_one_the_config_mode_can_run(check, runtime, mode, seqs, data):
     """A uniform batch may run the decode or the mixed routine (or eager); any other batch only
     the mixed routine (or eager). Eager is unpadded; a graph pads up, never down."""
+    mode = own_resolved(runtime, mode)
+    assume(mode is not None)
     config = _config(mode, seqs)
     tokens = data.draw(st.integers(1, 3 * seqs + 8), label="num_tokens")
     uniform = data.draw(st.booleans(), label="uniform") and tokens <= seqs

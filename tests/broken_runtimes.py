@@ -19,6 +19,34 @@ class OwnPolicy(ReferenceRuntime):
     capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
 
 
+class PiecewiseOnly(OwnPolicy):
+    """Not broken: an engine with no FULL graphs; every mode with a FULL routine resolves to
+    PIECEWISE (with a warning), and its policy answers for the mode it runs."""
+
+    name = "piecewise-only"
+    FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+    def _runs(self, config):
+        return replace(config, mode="PIECEWISE") if config.mode in self.FULL_MODES else config
+
+    def resolve_mode(self, request):
+        if request.mode in self.FULL_MODES:
+            return p.Resolution(request.mode, "PIECEWISE", (f"{request.mode} resolved to PIECEWISE: no FULL graphs here",))
+        return super().resolve_mode(request)
+
+    def capture_sizes(self, config):
+        return super().capture_sizes(self._runs(config))
+
+    def padded_size(self, config, num_tokens):
+        return super().padded_size(self._runs(config), num_tokens)
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        return super().dispatch(self._runs(config), num_tokens, num_reqs, uniform, num_active_loras)
+
+    def dp_dispatch(self, config, ranks):
+        return super().dp_dispatch(self._runs(config), ranks)
+
+
 class RejectsUserSizes(OwnPolicy):
     """Not broken: a policy of its own that does not take user-given capture sizes and says so."""
 

@@ -52,6 +52,11 @@ def test_a_runtime_with_its_own_policy_is_held_only_to_the_generic_checks(pytest
     assert skipped and all("vllm_policy" in t["reason"] for t in skipped)
 
 
+def test_a_piecewise_only_policy_is_asked_about_the_modes_it_runs(pytester):
+    report = run_suites(pytester, "tests.broken_runtimes:PiecewiseOnly", POLICY_SUITES)
+    assert caught_by(report) == set(), [t["reason"][:300] for t in report["tests"] if t["outcome"] == "failed"]
+
+
 def test_a_policy_of_its_own_may_reject_user_given_sizes(pytester):
     report = run_suites(pytester, "tests.broken_runtimes:RejectsUserSizes", ["test_padding.py"])
     assert caught_by(report) == set()
