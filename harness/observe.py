@@ -23,7 +23,7 @@ from .batches import describe_batch, is_uniform
 from .checks import Check
 from .graphs import device_for
 from .graphs.log import LOG, GraphLog
-from .protocol import EngineConfig, PolicyConfig
+from .protocol import EngineConfig, PolicyConfig, StepResult
 from .safe import describe_exception
 from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
 
@@ -82,7 +82,8 @@ class ObservedEngine:
         if self.factory.runtime.capabilities.outputs_alias_graph_buffers:
             # The next step overwrites these logits, as declared: the harness is the caller, and a
             # caller of such a runtime copies what it keeps.
-            result = replace(result, logits=result.logits.clone())
+            result = StepResult(result.logits.clone(), result.runtime_mode, result.num_tokens,
+                                result.padded_num_tokens)  # the harness's own type: the runtime's may be any
         return result
 
     def eager_step(self, requests, padded_num_tokens: int):
