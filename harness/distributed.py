@@ -23,7 +23,6 @@ import io
 import multiprocessing
 import os
 import pickle
-import socket
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -105,7 +104,7 @@ class RankPool:
         context = multiprocessing.get_context(START_METHODS[self.backend])
         if START_METHODS[self.backend] == "forkserver":
             context.set_forkserver_preload(list(PRELOAD))  # only the fork server's first start reads it
-        port = _free_port()
+        port = machine.free_port()
         for rank in range(self.world):
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_rank_main, args=(rank, self.world, self.backend, port, child_end),
@@ -246,12 +245,6 @@ def close_all() -> None:
     for current in _POOLS.values():
         current.close()
     _POOLS.clear()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _last_lines(text: str, lines: int = 3) -> str:

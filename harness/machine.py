@@ -6,6 +6,7 @@ NVIDIA driver at all, should not pay it to learn that there is no GPU.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")  # the driver's nodes (dxg: WSL)
@@ -36,3 +37,10 @@ def share(graph_backend: str, index: int | None) -> None:
             torch.cuda.set_device(index % torch.cuda.device_count())
     elif index is not None:
         torch.set_num_threads(1)
+
+
+def free_port() -> int:
+    """A free local TCP port, for a process group's rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -32,13 +32,15 @@ request pool holds `max_running_requests`.
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from harness import protocol as p
+# BaseCudaGraphRunner._pad_to_bucket (model_executor/runner/base_cuda_graph_runner.py) is the smallest
+# bucket >= size by bisect: the harness's own padded().
+from harness.vocabulary import padded
 
 from . import __version__
 
@@ -171,7 +173,7 @@ class SglangPolicyRuntime:
     def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
         """A decode step of num_tokens: the graph of the smallest batch size that holds it."""
         graphs = self._graphs(config)
-        return _bucket([bs * graphs.q for bs in graphs.capture_bs], num_tokens)
+        return padded([bs * graphs.q for bs in graphs.capture_bs], num_tokens)
 
     def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         if num_active_loras:
@@ -183,14 +185,6 @@ class SglangPolicyRuntime:
 
 
 # -- the runner rules, reproduced from SGLang's source ------------------------------------------
-def _bucket(buckets, size: int) -> int | None:
-    """BaseCudaGraphRunner._pad_to_bucket (model_executor/runner/base_cuda_graph_runner.py): the
-    smallest bucket >= size, by bisect; callers check the largest bucket first."""
-    buckets = sorted(buckets)
-    index = bisect.bisect_left(buckets, size)
-    return buckets[index] if index < len(buckets) else None
-
-
 def _capture_bs(decode_bs, pool_size: int) -> list[int]:
     """get_batch_sizes_to_capture (model_executor/runner/base_cuda_graph_runner.py), with
     alignment 1: when the list goes past the request pool, the pool size is appended; sizes
@@ -213,7 +207,7 @@ def _decode(graphs: Graphs, num_tokens: int, num_reqs: int) -> p.Dispatch:
     eager = p.Dispatch("NONE", p.Descriptor(num_tokens))
     if graphs.decode_mode == "NONE" or not graphs.capture_bs or num_reqs > graphs.capture_bs[-1]:
         return eager
-    bs = _bucket(graphs.capture_bs, num_reqs)
+    bs = padded(graphs.capture_bs, num_reqs)
     return p.Dispatch(graphs.decode_mode, p.Descriptor(bs * graphs.q, bs, True))
 
 
@@ -226,7 +220,7 @@ def _prefill(graphs: Graphs, num_tokens: int, num_reqs: int) -> p.Dispatch:
         return eager
     if graphs.prefill_slots is not None and num_reqs > graphs.prefill_slots:
         return eager
-    padded = _bucket(graphs.prefill_tokens, num_tokens)
-    if padded > num_tokens * MAX_PREFILL_PADDING_FACTOR:
+    bucket = padded(graphs.prefill_tokens, num_tokens)
+    if bucket > num_tokens * MAX_PREFILL_PADDING_FACTOR:
         return eager
-    return p.Dispatch(graphs.prefill_mode, p.Descriptor(padded, graphs.prefill_slots, False))
+    return p.Dispatch(graphs.prefill_mode, p.Descriptor(bucket, graphs.prefill_slots, False))

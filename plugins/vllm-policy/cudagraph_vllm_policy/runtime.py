@@ -27,15 +27,15 @@ runtimes stays cheap where vLLM is absent.
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
-import socket
 from functools import lru_cache
 from pathlib import Path
 
 from harness import protocol as p
+from harness.machine import free_port
+from harness.vocabulary import padded
 
 from . import __version__
 
@@ -183,9 +183,7 @@ class VllmPolicyRuntime:
         dispatcher = self._dispatcher(config)
         if config.runner == "v2":
             # V2 keeps no padding table: its mixed routine pads to the smallest capture size.
-            sizes = sorted(dispatcher.compilation_config.cudagraph_capture_sizes)
-            index = bisect.bisect_left(sizes, num_tokens)
-            return sizes[index] if index < len(sizes) else None
+            return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_tokens)
         table = getattr(dispatcher, "_bs_to_padded_graph_size", None)  # built only when graphs are on
         return table[num_tokens] if table is not None and num_tokens < len(table) else None
 
@@ -318,11 +316,8 @@ def _single_process_world() -> None:
 
     if parallel_state.model_parallel_is_initialized():
         return
-    with socket.socket() as probe:  # a free local port for the one-rank rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                                distributed_init_method=f"tcp://127.0.0.1:{port}")
+                                                distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     parallel_state.initialize_model_parallel(1, 1)
 
 
