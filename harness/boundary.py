@@ -11,10 +11,15 @@ class ProtocolError(AssertionError):
     """A runtime answered with something the protocol does not allow (outside a bound check)."""
 
 
-def _fail(check: Check | None, what: str) -> None:
-    if check is None:
-        raise ProtocolError(what)
-    check.fail(what, source="the protocol (harness/protocol.py)")
+def answer(check: Check | None, who: str, call: str, result, problem: str | None):
+    """`who`'s answer to `call`, failed at the protocol boundary where it has the wrong form
+    (`problem`, from harness.validate); outside a test (no check bound) a ProtocolError."""
+    if problem:
+        what = f"the {who}'s {call} {problem}"
+        if check is None:
+            raise ProtocolError(what)
+        check.fail(what, source="the protocol (harness/protocol.py)")
+    return result
 
 
 class RuntimeProxy:
@@ -32,9 +37,7 @@ class RuntimeProxy:
         return getattr(self.wrapped, attr)
 
     def _answer(self, call: str, result, problem: str | None):
-        if problem:
-            _fail(self._check, f"the runtime's {call} {problem}")
-        return result
+        return answer(self._check, "runtime", call, result, problem)
 
     def capture_sizes(self, config):
         result = self.wrapped.capture_sizes(config)

@@ -19,6 +19,9 @@ def written_slots(engine, requests) -> set[int]:
     return {engine.slot_of(r.request_id, r.context_len + j) for r in requests for j in range(len(r.token_ids))}
 
 
-def stray_slots(engine, requests, before, after) -> list[int]:
-    """Slots that changed although no real token of `requests` owns them."""
-    return sorted(set(changed_slots(before, after)) - written_slots(engine, requests))
+def stray_slots(engine, requests, before, after, written: set[int] | None = None) -> list[int]:
+    """Slots that changed although no real token of `requests` owns them (`written`, where the
+    caller already has it)."""
+    if written is None:
+        written = written_slots(engine, requests)
+    return sorted(set(changed_slots(before, after)) - written)

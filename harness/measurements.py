@@ -79,16 +79,17 @@ def latency_rows(run: dict) -> list[dict]:
         source = modes.get("full") or next(iter(modes.values()))
         full = modes.get("full", {})
         floor = source.get("eager_kernel_ms")
+        pipelined, replay = full.get("pipelined_ms"), full.get("replay_ms_median")
         rows.append({"batch": batch, "padded": source.get("padded"), **step, "floor": floor,
-                     "full_pipelined": full.get("pipelined_ms"), "full_replay": full.get("replay_ms_median"),
-                     "full_cv": full.get("step_ms_cv"),
-                     "speedup": step["eager"] / step["full"] if step["eager"] and step["full"] else None,
-                     "full_over_kernel": step["full"] / floor if step["full"] and floor else None,
-                     "pipelined_over_kernel": full.get("pipelined_ms") / floor if full.get("pipelined_ms") and floor
-                     else None,
-                     "replay_over_kernel": full.get("replay_ms_median") / floor if full.get("replay_ms_median") and floor
-                     else None})
+                     "full_pipelined": pipelined, "full_replay": replay, "full_cv": full.get("step_ms_cv"),
+                     "speedup": _ratio(step["eager"], step["full"]), "full_over_kernel": _ratio(step["full"], floor),
+                     "pipelined_over_kernel": _ratio(pipelined, floor), "replay_over_kernel": _ratio(replay, floor)})
     return rows
+
+
+def _ratio(a, b) -> float | None:
+    """a / b, or None where either was not measured."""
+    return a / b if a and b else None
 
 
 def noise(run: dict) -> dict:

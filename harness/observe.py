@@ -18,7 +18,7 @@ import sys
 from dataclasses import replace
 
 from . import expected, isolation, oracle, presets, validate
-from .boundary import _fail
+from .boundary import answer
 from .batches import describe_batch, is_uniform
 from .checks import Check
 from .graphs import device_for
@@ -76,9 +76,10 @@ class ObservedEngine:
                   else self.engine.step(requests, padding_fill=padding_fill))
         seen = LOG.since(before)
         self.captures_in_service += seen.captures
-        self._validate(result, requests, "step()")
+        n = sum(len(r.token_ids) for r in requests)
+        self._validate(result, requests, n, "step()")
         self.last_padded = result.padded_num_tokens
-        self._check_step(requests, result, seen)
+        self._check_step(requests, result, seen, n)
         if self.factory.runtime.capabilities.outputs_alias_graph_buffers:
             # The next step overwrites these logits, as declared: the harness is the caller, and a
             # caller of such a runtime copies what it keeps.
@@ -92,7 +93,7 @@ class ObservedEngine:
         before = LOG.snapshot()
         result = self.engine.eager_step(requests, padded_num_tokens)
         seen = LOG.since(before)
-        self._validate(result, requests, "eager_step()")
+        self._validate(result, requests, sum(len(r.token_ids) for r in requests), "eager_step()")
         check, batch = self.factory.check, describe_batch(requests)
         check.that((result.runtime_mode, result.padded_num_tokens, seen.replays) == ("NONE", padded_num_tokens, 0),
                    what=f"eager_step(padded_num_tokens={padded_num_tokens}) must run eager at that size",
@@ -100,12 +101,11 @@ class ObservedEngine:
                    graph_launches_seen=seen.replays)
         return result
 
-    def _validate(self, result, requests, call: str) -> None:
-        n = sum(len(r.token_ids) for r in requests)
+    def _validate(self, result, requests, n: int, call: str) -> None:
         problem = validate.step_result(result, n, self.factory.vocab, self.config.device)
         self._answer(call, result, problem and f"{problem} ({describe_batch(requests)})")
 
-    def _check_step(self, requests, result, seen: GraphLog) -> None:
+    def _check_step(self, requests, result, seen: GraphLog, n: int) -> None:
         check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
         reported = (result.runtime_mode, result.padded_num_tokens)
         case = f"{batch}; ran {reported[0]} at {reported[1]}"
@@ -117,7 +117,7 @@ class ObservedEngine:
             check.that(seen.replays == launches, source=OBSERVED, case=case,
                        what=f"a step reported as {result.runtime_mode} must launch {launches} graph(s)",
                        graph_launches_seen=seen.replays)
-        n, q = sum(len(r.token_ids) for r in requests), self.config.policy.query_len
+        q = self.config.policy.query_len
         uniform = is_uniform(requests, q)
         num_reqs = len(requests) or None
         caps = runtime.capabilities
@@ -154,10 +154,7 @@ class ObservedEngine:
         return self._answer(f"slot_of({request_id}, {position})", slot, validate.slot(slot))
 
     def _answer(self, call: str, result, problem: str | None):
-        """The engine's answer, failed at the protocol boundary where it has the wrong form."""
-        if problem:
-            _fail(self.factory.check, f"the engine's {call} {problem}")
-        return result
+        return answer(self.factory.check, "engine", call, result, problem)
 
     def release(self, request_id: int) -> None:
         self.live.discard(request_id)

@@ -83,7 +83,7 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
             out = engine.step(requests) if fill is None else engine.step(requests, padding_fill=fill)
             after = engine.kv_snapshot()
             written = kv.written_slots(engine, requests)
-            stray = kv.stray_slots(engine, requests, before, after)
+            stray = kv.stray_slots(engine, requests, before, after, written)
             last = before.shape[0] - 1
             check.that(not stray, what="padded rows wrote KV-cache slots" + (
                 " (including the last slot, where -1 wraps)" if last in stray else ""), source=OBSERVED,
