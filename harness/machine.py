@@ -24,16 +24,17 @@ def cuda_available() -> bool:
 
 def share(graph_backend: str, index: int | None) -> None:
     """This process's part of a machine it shares with others (xdist workers, data-parallel ranks).
-    On CUDA the graph log counts graphs from now on, and process `index` (where given) uses GPU
-    `index` mod the count; on the CPU a process with an index computes on one thread, so that N
-    processes do not oversubscribe N cores."""
+    On CUDA the graph log counts graphs from now on, and where there are several GPUs process
+    `index` (where given) uses GPU `index` mod the count (with one, no device is set, so CUDA starts
+    no earlier than the first engine); on the CPU a process with an index computes on one thread,
+    so that N processes do not oversubscribe N cores."""
     import torch
 
     if graph_backend == "cuda":
         from .graphs.log import watch_cuda_graphs
 
         watch_cuda_graphs()
-        if index is not None:
+        if index is not None and torch.cuda.device_count() > 1:
             torch.cuda.set_device(index % torch.cuda.device_count())
     elif index is not None:
         torch.set_num_threads(1)

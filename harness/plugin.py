@@ -248,14 +248,9 @@ def record(request):
 
 def _share_the_machine(config, graph_backend: str) -> None:
     """Under xdist, worker gwN takes its share of the machine (machine.share): GPU N mod count, or
-    one CPU thread. With one GPU no device is set, so CUDA starts no earlier than the first engine."""
+    one CPU thread."""
     worker = getattr(config, "workerinput", {}).get("workerid")
-    index = int(worker.lstrip("gw")) if worker else None
-    if graph_backend == "cuda" and index is not None:
-        import torch
-
-        index = index if torch.cuda.device_count() > 1 else None
-    machine.share(graph_backend, index)
+    machine.share(graph_backend, int(worker.lstrip("gw")) if worker else None)
 
 
 @pytest.fixture(scope="session")
