@@ -38,6 +38,7 @@ class _KeepsOwnMode(DataParallel):
         if lowest(ranks) is CUDAGraphMode.NONE:
             return runs(dispatcher, ranks, self.rank, num_reqs)
         size = graph_size(dispatcher, ranks)
+        # Its own uniformity (V1's rule, under V2 too): that is how a decode rank reaches FULL.
         return dispatcher.lookup(size, num_reqs, mine.uniform and size % dispatcher.config.query_len == 0)
 
 

@@ -35,7 +35,7 @@ from harness import presets
 from harness.graphs import emulator
 from harness.protocol import (Capabilities, CaptureReport, Descriptor, Dispatch, EngineConfig, PolicyConfig,
                               Resolution, ResolveRequest, StepInputs, StepResult)
-from harness.vocabulary import FAP, FDO, ROUTINES, SUPPORT_LEVELS, weakest
+from harness.vocabulary import FAP, FDO, ROUTINES, SUPPORT_LEVELS, padded, weakest
 
 GRID = (1, 2, 4, 8, 12, 16, 24, 32)
 DEFAULT_TOKEN_BUDGET = 8192
@@ -82,9 +82,7 @@ class SGLangLikeRuntime:
         return [bs * config.query_len for bs in self.batch_sizes(config)]
 
     def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None:
-        sizes = self.capture_sizes(config)
-        index = bisect.bisect_left(sizes, num_tokens)
-        return sizes[index] if index < len(sizes) else None
+        return padded(self.capture_sizes(config), num_tokens)
 
     def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
                  uniform: bool = False, num_active_loras: int = 0) -> Dispatch:

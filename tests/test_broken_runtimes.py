@@ -6,13 +6,11 @@ import pytest
 from tests import broken_runtimes
 from tests.catching import assert_caught, caught_by, run_suites
 
-POLICY_SUITES = ["test_capture_sizes.py", "test_padding.py", "test_dispatch.py", "test_mode_resolution.py",
-                 "test_data_parallel.py"]
-# mutant -> (suite files to run, words the failure must contain)
-# mutant -> (the tests that must catch it, words the failure must contain). Each names the test
-# built to catch that class of bug; the catch table shows what the run saw fail.
 SIZES, PADDING, DISPATCH = "test_capture_sizes.py", "test_padding.py", "test_dispatch.py"
 RESOLUTION, DP = "test_mode_resolution.py", "test_data_parallel.py"
+POLICY_SUITES = [SIZES, PADDING, DISPATCH, RESOLUTION, DP]
+# mutant -> (the tests that must catch it, words the failure must contain). Each names the test
+# built to catch that class of bug; the catch table shows what the run saw fail.
 MUST_CATCH = {
     "PaddingOffByOne": ([f"{PADDING}::test_every_batch_pads_to_the_smallest_size_that_holds_it"],
                         "padded size for every batch"),
