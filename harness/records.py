@@ -69,7 +69,7 @@ class Latency(Record):
     step_ms_min: float
     step_ms_iqr: float | None = None
     step_ms_cv: float | None = None
-    replay_ms_median: float | None = None  # the graph replays alone (GPU time), without preparing inputs
+    replay_ms_median: float | None = None  # device time of a step's graph replays, steps issued back to back
     pipelined_ms: float | None = None  # per step in a stream of steps: host work overlaps the last step's kernels
     eager_kernel_ms: float | None = None  # summed GPU kernel time of an eager step at the padded shape
     kernel_launches: int | None = None

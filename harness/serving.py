@@ -96,7 +96,8 @@ def generate(engine, prompts: list[list[int]], budgets: list[int], *, max_num_se
 
 @dataclass(frozen=True)
 class Workload:
-    num_requests: int = 200
+    # 100 requests at 20 per second: the shape of vLLM's benchmark in docs/spec.md section 8.
+    num_requests: int = 100
     rate: float = 20.0  # requests per second
     prompt_median: int = 64
     output_median: int = 48

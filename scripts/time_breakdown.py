@@ -49,7 +49,7 @@ def outcome(stdout: str) -> str:
 
 
 def durations(args: list[str]) -> None:
-    command = [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", "--durations=0",
+    command = [sys.executable, "-m", "pytest", *args, "-q", "-rfE", "-p", "no:cacheprovider", "--durations=0",
                "--durations-min=0"]
     start = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -61,6 +61,9 @@ def durations(args: list[str]) -> None:
             per_file[nodeid.split("::")[0]] += seconds
             tests[nodeid] += seconds
     print(f"$ {' '.join(command[2:])}\n{outcome(result.stdout)}")
+    for line in result.stdout.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"  {line}")
     if not tests:
         print(result.stdout[-3000:] + result.stderr[-3000:])
         sys.exit(f"no test durations in the output (pytest exit {result.returncode})")

@@ -173,7 +173,7 @@ def test_latency_table_headline_and_crossover(tmp_path):
     assert "- eager / FULL speed-up: 6.00x at batch 1, 2.20x at batch 64, 1.07x at batch 256" in markdown
     # FULL at batch 1: step 1.0, in a stream 0.9, replay 0.85 ms; eager kernels 0.8 ms.
     assert ("- FULL at batch 1, against the summed GPU kernel time of an eager step: step (then wait) 1.25x, "
-            "step in a stream 1.12x, graph replay alone 1.06x") in markdown
+            "step in a stream 1.12x, its graph replay (device time, in a stream) 1.06x") in markdown
     assert "- crossover: eager / FULL below 1.5x from batch 128" in markdown  # 7.0 / 5.0 = 1.40
     assert "- crossover: eager / FULL below 1.1x from batch 256" in markdown  # 8.0 / 7.5 = 1.07
     assert "Batch-1 check: eager 6.000 ms, FULL 1.000 ms, 6.00x." in markdown

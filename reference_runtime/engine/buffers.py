@@ -121,10 +121,11 @@ class StaticBuffers:
         self.slot_mapping.fill_(-1)
         self.context_window = torch.arange(max_model_len, **long)
         cuda = torch.device(device).type == "cuda"
-        # [values; destinations] of one step, at most every slot of the packed tensor.
-        self._host = torch.zeros(2, total, dtype=torch.long, pin_memory=cuda)
+        # A step's values, then their destinations, side by side: one contiguous run, so the copy
+        # is one DMA from pinned memory (a strided host view would be staged through pageable memory).
+        self._host = torch.zeros(2 * total, dtype=torch.long, pin_memory=cuda)
         self._host_np = self._host.numpy()
-        self._device_staging = torch.zeros(2, total, **long)
+        self._device_staging = torch.zeros(2 * total, **long)
         self._copy_done = torch.cuda.Event() if cuda else None
         self._destinations: dict[tuple[int, int], np.ndarray] = {}
 
@@ -157,18 +158,17 @@ class StaticBuffers:
         m = len(destinations)
         if self._copy_done is not None:
             self._copy_done.synchronize()  # the previous step's copy has left the pinned buffer
-        values, where = self._host_np[0], self._host_np[1]
         tables = np.zeros((rows, width), dtype=np.int64)
         for row, table in enumerate(layout.block_tables):
             tables[row, : len(table)] = table
-        values[:m] = np.concatenate([layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req,
-                                     layout.seq_lens, layout.query_start_loc, tables.ravel()])
-        where[:m] = destinations
-        staging = self._device_staging[:, :m]
-        staging.copy_(self._host[:, :m], non_blocking=True)
+        self._host_np[:m] = np.concatenate([layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req,
+                                            layout.seq_lens, layout.query_start_loc, tables.ravel()])
+        self._host_np[m: 2 * m] = destinations
+        staging = self._device_staging[: 2 * m]
+        staging.copy_(self._host[: 2 * m], non_blocking=True)
         if self._copy_done is not None:
             self._copy_done.record()
-        self.packed.index_copy_(0, staging[1], staging[0])
+        self.packed.index_copy_(0, staging[m:], staging[:m])
 
     def metadata(self, layout_or_key) -> Metadata:
         """Views for a step of num_tokens with the layout's (frozen) shape decisions."""

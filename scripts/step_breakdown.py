@@ -1,0 +1,210 @@
+"""Where one decode step of the reference engine spends its time on a GPU.
+
+    python scripts/step_breakdown.py [--preset small] [--batch 1 64] [--out DIR]
+
+For each batch, with the benchmark lane's engine (bf16, CUDA graphs, FULL_AND_PIECEWISE, vLLM's
+default grid), it prints and writes (DIR/step_breakdown.json):
+
+- host phases of a FULL step, timed on the host (medians of 200 steps): dispatch, layout,
+  loading the static buffers, the graph launch call, copying the logits out, waiting for the device;
+- the device timeline from the CUDA profiler: when the device starts after the step begins, how
+  long it is busy, the summed kernel time inside the step, and the gaps between kernels;
+- the device time of the graph alone (50 replays back to back, timed by events around all of them),
+  of a step in a stream (50 steps back to back), and the summed kernel time of an eager step;
+- the eager step's kernels by name (count and device time), the candidates for fusion.
+
+It needs CUDA; it is a diagnosis, not a test (the benchmark lane measures what the report shows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def build(preset: str):
+    from reference_runtime.engine import runner as runner_module
+    from reference_runtime.policy import PolicyConfig
+
+    config = runner_module.RunnerConfig(
+        preset=preset, dtype="bfloat16", device="cuda", graph_backend="cuda", mode="FULL_AND_PIECEWISE",
+        policy=PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192), max_model_len=512,
+        num_blocks=300_000 // 16 + 1)
+    runner = runner_module.ModelRunner(config)
+    runner.capture()
+    return runner_module, runner
+
+
+def decode_batch(runner, batch: int, context: int = 128):
+    """`batch` requests with `context` tokens each in the KV cache, as one-token decode requests."""
+    from reference_runtime.engine.buffers import Request
+
+    requests = []
+    for start in range(0, batch, 8):
+        prompts = [Request(10_000 + i, tuple((i * 7 + j) % 97 + 1 for j in range(context)), 0)
+                   for i in range(start, min(batch, start + 8))]
+        runner.step(prompts)
+        requests += [Request(r.request_id, (5,), context) for r in prompts]
+    return requests
+
+
+def host_phases(runner_module, runner, requests, steps=200) -> dict:
+    """Medians, in microseconds, of the host's phases of a step (each wrapped with a timer)."""
+    import torch
+
+    marks: dict[str, list[float]] = defaultdict(list)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            marks[name].append(time.perf_counter() - start)
+            return result
+        return wrapper
+
+    plan, load, dispatch = runner_module.plan_layout, runner.buffers.load, runner.dispatcher.dispatch
+    runner_module.plan_layout = timed("layout (plan_layout)", plan)
+    runner.buffers.load = timed("static buffers (load: one copy, one scatter)", load)
+    runner.dispatcher.dispatch = timed("dispatch", dispatch)
+    graphs = list(runner.full_graphs.values())
+    launches = [(g, g._launch) for g in graphs]
+    for graph, launch in launches:
+        graph._launch = timed("graph launch call (replay)", launch)
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            out = runner.step(requests)
+            issued = time.perf_counter()
+            torch.cuda.synchronize()
+            done = time.perf_counter()
+            marks["whole step on the host (until it returns)"].append(issued - start)
+            marks["waiting for the device after the step returned"].append(done - issued)
+            marks["step, then wait (what the benchmark's FULL column times)"].append(done - start)
+    finally:
+        runner_module.plan_layout, runner.buffers.load, runner.dispatcher.dispatch = plan, load, dispatch
+        for graph, launch in launches:
+            graph._launch = launch
+    assert out.runtime_mode == "FULL", out.runtime_mode
+    return {name: statistics.median(values) * 1e6 for name, values in marks.items()}
+
+
+def device_timeline(runner, requests, steps=20) -> dict:
+    """From the CUDA profiler: per step, device start after the step begins, busy span, kernel sum, gaps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for index in range(steps):
+            with record_function(f"step {index}"):
+                runner.step(requests)
+                torch.cuda.synchronize()
+    events = list(prof.events())
+    marks = sorted((e for e in events if e.name.startswith("step ")), key=lambda e: e.time_range.start)
+    device = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    rows = []
+    for mark in marks:
+        begin, end = mark.time_range.start, mark.time_range.end
+        inside = [e for e in device if begin <= e.time_range.start <= end]
+        if not inside:
+            continue
+        busy = inside[-1].time_range.end - inside[0].time_range.start
+        summed = sum(e.time_range.end - e.time_range.start for e in inside)
+        rows.append({"device starts after (us)": inside[0].time_range.start - begin, "device busy span (us)": busy,
+                     "summed device time (us)": summed, "gaps inside the span (us)": busy - summed,
+                     "device ops": len(inside), "host step with wait (us)": end - begin})
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]} if rows else {}
+
+
+def stream_times(runner, requests, repeats=50) -> dict:
+    import torch
+
+    graph = next(g for key, g in runner.full_graphs.items() if key.num_tokens == runner.last_layout.num_tokens
+                 and key.uniform == (runner.last_layout.uniform_q is not None))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        graph._launch()
+    end.record()
+    torch.cuda.synchronize()
+    replay = start.elapsed_time(end) / repeats * 1e3
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for _ in range(repeats):
+        runner.step(requests)
+    torch.cuda.synchronize()
+    stream = (time.perf_counter() - begin) / repeats * 1e6
+    return {"graph replays back to back, device time per replay (us)": replay,
+            "steps back to back, per step (us)": stream}
+
+
+def eager_kernels(runner, requests, steps=5) -> tuple[float, list]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    padded = runner.last_layout.num_tokens
+    runner.eager_step(requests, padded)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.eager_step(requests, padded)
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[event.name].append(event.time_range.end - event.time_range.start)
+    table = sorted(((name, len(times) / steps, sum(times) / steps) for name, times in by_name.items()),
+                   key=lambda row: -row[2])
+    return sum(row[2] for row in table), table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("step_breakdown.py needs a CUDA device (it times the device)")
+    runner_module, runner = build(args.preset)
+    result = {"preset": args.preset, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {}}
+    for batch in args.batch:
+        requests = decode_batch(runner, batch)
+        for _ in range(20):
+            runner.step(requests)
+        floor, kernels = eager_kernels(runner, requests)
+        entry = {"host phases (us, median)": host_phases(runner_module, runner, requests),
+                 "device timeline of a step, then wait (us, median)": device_timeline(runner, requests),
+                 "back to back": stream_times(runner, requests), "eager kernel floor (us)": floor,
+                 "eager kernels per step": len([0 for row in kernels for _ in range(round(row[1]))]),
+                 "eager kernels by name (name, per step, us per step)": kernels[:40]}
+        result["batches"][batch] = entry
+        for request in requests:
+            runner.release(request.request_id)
+        print(f"\n== {args.preset}, batch {batch}: eager kernel floor {floor:.1f} us, "
+              f"{entry['eager kernels per step']} kernels and copies per eager step")
+        for section in ("host phases (us, median)", "device timeline of a step, then wait (us, median)", "back to back"):
+            print(f"-- {section}")
+            for name, value in entry[section].items():
+                print(f"  {value:9.1f}  {name}")
+        print("-- eager kernels by name (per step, us per step)")
+        for name, count, micros in kernels[:25]:
+            print(f"  {micros:8.1f} us {count:6.1f}x  {name[:110]}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "step_breakdown.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
