@@ -53,14 +53,19 @@ class ObservedEngine:
 
     # -- capture ----------------------------------------------------------------------------
     def capture(self):
-        before, free = LOG.snapshot(), _free_memory(self.config.device)
+        before, memory = LOG.snapshot(), _device_memory(self.config.device)
         report = self.engine.capture()
         seen = LOG.since(before)
         self._answer("capture()", report, validate.capture_report(report))
         self.captured, self.seen_at_capture = report, seen
         self._pieces_per_size = expected.pieces_per_size(report)
-        after = _free_memory(self.config.device)
-        self.memory_seen = free - after if free is not None else (seen.held_bytes if seen.captures else None)
+        if memory is None:
+            self.memory_seen = seen.held_bytes if seen.captures else None
+        else:
+            (free, reserved), (free_after, reserved_after) = memory, _device_memory(self.config.device)
+            # Either can miss it: the driver may hand back a block it kept without free memory moving,
+            # and memory outside torch's caching allocator is not in its reserved count.
+            self.memory_seen = max(free - free_after, reserved_after - reserved)
         return report
 
     def pieces_per_size(self) -> int | None:
@@ -165,13 +170,14 @@ class ObservedEngine:
             self.release(request_id)
 
 
-def _free_memory(device: str) -> int | None:
+def _device_memory(device: str) -> tuple[int, int] | None:
+    """(free device memory, bytes torch's caching allocator reserves) on CUDA; None elsewhere."""
     if not device.startswith("cuda"):
         return None
     import torch
 
     torch.cuda.synchronize()
-    return torch.cuda.mem_get_info()[0]
+    return torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
 
 
 class EngineFactory:

@@ -81,12 +81,17 @@ def test_graph_memory_is_reported_and_agrees_with_what_the_harness_measured(chec
     if not sum(report.graphs.values()):
         check.skip("it captured no graph")
     seen = engine.memory_seen
-    where = "free device memory before minus after capture" if engines.graph_backend == "cuda" else \
-        "bytes held by the emulated graphs it captured"
-    check.that(report.memory_bytes is not None and report.memory_bytes > 0, source=OBSERVED, case=case,
-               what="graph memory must be reported, and be positive", reported=report.memory_bytes, measured=seen)
-    if seen:
-        check.that(seen / 4 <= report.memory_bytes <= 4 * seen + 2**20, source=OBSERVED, case=case,
+    if engines.graph_backend == "cuda":
+        # One 2 MiB segment either way: free device memory moves in such granules, or not at all
+        # when the driver hands back a block it kept.
+        where, slack = "the larger of free device memory's drop and torch's reserved bytes' growth", 2**21
+    else:
+        where, slack = "bytes held by the emulated graphs it captured", 0
+    check.that(report.memory_bytes is not None and report.memory_bytes >= 0, source=OBSERVED, case=case,
+               what="graph memory must be reported, in bytes, and not be negative", reported=report.memory_bytes,
+               measured=seen)
+    if seen and report.memory_bytes is not None:
+        check.that(seen / 4 - slack <= report.memory_bytes <= 4 * seen + slack + 2**20, source=OBSERVED, case=case,
                    what=f"reported graph memory vs {where} (within a factor of 4)", reported=report.memory_bytes,
                    measured=seen)
 

@@ -96,7 +96,7 @@ def replays_in_a_stream(engine, requests) -> float | None:
     return statistics.median(sum(times[i:i + per_step]) for i in range(0, per_step * ROUNDS, per_step))
 
 
-def pipelined(engine, requests, steps=ROUNDS, repeats=5) -> float:
+def pipelined(engine, requests, steps=ROUNDS, repeats=3) -> float:
     """Median over repeats of the time per step of `steps` steps issued back to back."""
     times = []
     for _ in range(repeats):

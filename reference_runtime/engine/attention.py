@@ -45,11 +45,12 @@ def attend(q, k, v, mask, scale):
     b, tq, heads, d = q.shape
     kv_heads = k.shape[2]
     # Slots no query may see can hold anything (NaN from a poisoned or uninitialised block):
-    # zero them, since a zero probability times NaN is still NaN.
-    v = v.masked_fill(~mask.any(dim=1)[:, :, None, None], 0)
+    # zero them, since a zero probability times NaN is still NaN. (torch.where, not masked_fill:
+    # one kernel each, where masked_fill copies the tensor first.)
+    v = torch.where(mask.any(dim=1)[:, :, None, None], v, 0)
     q = q.view(b, tq, kv_heads, heads // kv_heads, d)
     scores = torch.einsum("btkgd,bckd->bkgtc", q, k) * scale
-    scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))
+    scores = torch.where(mask[:, None, None, :, :], scores, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.einsum("bkgtc,bckd->btkgd", probs, v).reshape(b, tq, heads * d)
 

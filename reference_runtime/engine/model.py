@@ -122,14 +122,13 @@ class Decoder(nn.Module):
         """Norm, fused QKV and RoPE of one layer: q [T, H, D], k and v [T, KVH, D]."""
         layer = self.layers[index]
         qkv = nn.functional.linear(rms_norm(hidden, layer.input_norm, self.eps), layer.qkv)
-        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                             self.kv_heads * self.head_dim], dim=-1)
-        q = q.view(-1, self.heads, self.head_dim)
-        k = k.view(-1, self.kv_heads, self.head_dim)
-        v = v.view(-1, self.kv_heads, self.head_dim)
-        cos = self.cos.index_select(0, positions).unsqueeze(1).to(q.dtype)
-        sin = self.sin.index_select(0, positions).unsqueeze(1).to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+        qkv = qkv.view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
+        # q and k sit side by side in the fused projection: rotate them together (half the kernels).
+        qk = qkv[:, : self.heads + self.kv_heads]
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(qk.dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(qk.dtype)
+        q, k = (qk * cos + rotate_half(qk) * sin).split([self.heads, self.kv_heads], dim=1)
+        return q, k, qkv[:, self.heads + self.kv_heads:]
 
     def post_attention(self, index: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, norm, SwiGLU MLP, residual."""

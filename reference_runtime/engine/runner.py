@@ -152,7 +152,7 @@ class ModelRunner:
     def capture(self) -> CaptureSummary:
         if self.capture_summary is not None:
             raise RuntimeError("graphs are already captured; the capture phase is over")
-        order, free_before = [], self._free_memory()
+        order = []
         start = time.perf_counter()
         with self.capture_phase():
             for mode, keys in self.dispatcher.capture_keys():
@@ -162,8 +162,9 @@ class ModelRunner:
         self.graphs.close_capture_phase()
         seconds = time.perf_counter() - start
         pool = self.graphs.pool_stats()
-        # On the GPU, free memory before minus after; on the emulator, what its graphs hold.
-        memory = pool["bytes"] if free_before is None else free_before - self._free_memory()
+        # What the graphs' pools hold. Not free device memory before minus after (vLLM's figure):
+        # the driver can hand back a block it kept, and free memory then does not move.
+        memory = pool["bytes"]
         counts = {"FULL": len(self.full_graphs), "PIECEWISE": sum(len(g) for g in self.piece_graphs.values())}
         self.capture_summary = CaptureSummary(counts, seconds, memory, pool, order, self.graphs.name,
                                               self.graph_memory_estimate)
