@@ -31,9 +31,17 @@ def short_device(device: str | None) -> str:
     return (device or "unknown device").split(" (")[0].replace("NVIDIA ", "").strip() or "unknown device"
 
 
+def bench_preset(run: dict) -> str | None:
+    """The model preset a run's engines were captured with, where it is one (a benchmark run)."""
+    presets = {e.get("preset") for e in recorded(run, "capture")} - {None}
+    return presets.pop() if len(presets) == 1 else None
+
+
 def run_labels(runs: list[dict]) -> list[str]:
-    """'runtime @ device', numbered where two runs would otherwise share a label."""
-    labels = [f"{r['runtime']} @ {short_device(r.get('device'))}" for r in runs]
+    """'runtime @ device' (with the preset of a benchmark run), numbered where two runs would
+    otherwise share a label."""
+    labels = [f"{r['runtime']} @ {short_device(r.get('device'))}" + (f" ({p})" if (p := bench_preset(r)) else "")
+              for r in runs]
     counts, seen = Counter(labels), Counter()
     for i, label in enumerate(labels):
         if counts[label] > 1:
@@ -116,16 +124,20 @@ def batch_invariance_rows(run: dict) -> list[dict]:
 
 
 def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool, float]]:
-    """(kind, mode, batch) -> (metric, value, higher_is_worse, coefficient of variation or 0)."""
+    """(kind, preset, mode, batch or workload) -> (metric, value, higher_is_worse, coefficient of
+    variation or 0). Only like is compared with like: the same model, and for serving the same
+    number of requests (the stream's other parameters are fixed by the harness)."""
     found = {}
     for run in runs:
+        preset = bench_preset(run)
         for e in recorded(run, "latency"):
             if e.get("step_ms_median"):
-                found[("latency", e.get("mode"), e.get("batch"))] = ("step_ms_median", e["step_ms_median"], True,
-                                                                     e.get("step_ms_cv") or 0.0)
+                found[("latency", preset, e.get("mode"), e.get("batch"))] = (
+                    "step_ms_median", e["step_ms_median"], True, e.get("step_ms_cv") or 0.0)
         for e in recorded(run, "serving"):
             if e.get("output_tok_s"):
-                found[("serving", e.get("mode"), None)] = ("output_tok_s", e["output_tok_s"], False, 0.0)
+                found[("serving", preset, e.get("mode"), f"{e.get('requests')} requests")] = (
+                    "output_tok_s", e["output_tok_s"], False, 0.0)
     return found
 
 
@@ -145,12 +157,12 @@ def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: floa
             change = (value - before) / before if higher_is_worse else (before - value) / before
             bar = max(threshold, 2 * (cv + before_cv))
             if change > bar:
-                regressions.append({"run": label, "kind": key[0], "mode": key[1], "batch": key[2], "metric": metric,
+                regressions.append({"run": label, "kind": key[0], "mode": key[2], "batch": key[3], "metric": metric,
                                     "baseline": before, "current": value, "change": change, "bar": bar})
     return regressions
 
 
 def describe_regression(r: dict) -> str:
-    where = f"{r['kind']} {r['mode']}" + (f" batch {r['batch']}" if r["batch"] is not None else "")
+    where = f"{r['kind']} {r['mode']}" + (f" batch {r['batch']}" if r["kind"] == "latency" else f", {r['batch']}")
     return (f"{r['run']}: {where}: {r['metric']} {r['baseline']:.3f} -> {r['current']:.3f} "
             f"({100 * r['change']:.1f}% worse)")

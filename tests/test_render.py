@@ -275,11 +275,34 @@ def test_compare_flags_a_20_percent_slowdown_and_not_a_5_percent_one(tmp_path):
     regressions = render.compare([current], [baseline], threshold=0.10)
 
     assert [(r["kind"], r["mode"], r["batch"], r["metric"]) for r in regressions] == [
-        ("latency", "full", 1, "step_ms_median"), ("serving", "full_and_piecewise", None, "output_tok_s")]
+        ("latency", "full", 1, "step_ms_median"), ("serving", "full_and_piecewise", "100 requests", "output_tok_s")]
     assert [round(r["change"], 6) for r in regressions] == [0.2, 0.2]
     markdown = render_runs(tmp_path, current, regressions=regressions)
     assert "## Regressions against baseline" in markdown
     assert "- reference @ H200: latency full batch 1: step_ms_median 1.000 -> 1.200 (20.0% worse)" in markdown
+
+
+def capture_of(preset: str) -> dict:
+    return measured("capture", {"mode": "FULL_AND_PIECEWISE", "preset": preset, "graphs": {"FULL": 1}},
+                    nodeid="suites/test_step_latency.py::test_decode_step_latency[reference-full-b=1]")
+
+
+def test_compare_matches_the_same_model_and_the_same_request_stream():
+    """A medium run is not slower than a small baseline, and a stream of 100 requests is not less
+    throughput than one of 200: such pairs are not compared at all."""
+    small = make_run([capture_of("small"), *latency_tests([(1, 6.0, 4.0, 1.0, 0.8)]), *serving_tests(2000.0, 2000.0)])
+    medium = make_run([capture_of("medium"), *latency_tests([(1, 12.0, 8.0, 2.0, 1.6)])])
+    assert render.compare([medium], [small]) == []
+    assert render.compare([medium], [small, medium]) == []  # its own model's baseline is found among others
+    longer = make_run([capture_of("small"), *serving_tests(4000.0, 4000.0)])
+    for test in longer["tests"]:
+        for entry in test["records"]:
+            if entry["kind"] == "serving":
+                entry["requests"] = 200
+    assert render.compare([small], [longer]) == []
+    assert [r["kind"] for r in render.compare([small], [make_run([capture_of("small"), *serving_tests(4000.0, 4000.0)])])] \
+        == ["serving", "serving"]
+    assert render.run_labels([small, medium]) == ["reference @ H200 (small)", "reference @ H200 (medium)"]
 
 
 def test_no_regression_beyond_the_threshold_is_said_plainly(tmp_path):
