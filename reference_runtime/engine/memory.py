@@ -1,7 +1,7 @@
 """The memory budget (vLLM's): KV cache = budget - model and activations - graph estimate.
 
-The graph estimate captures the two largest keys of each mode in a throwaway pool and
-extrapolates: the largest costs what it costs; each further graph is charged what the second
+The graph estimate captures the two largest keys of each mode in a throwaway pool, measures what
+the pool grew by, and extrapolates: the largest costs what it costs; each further graph is charged what the second
 one added (smaller graphs reuse the larger one's blocks), with vLLM's 1 MiB floor per graph.
 """
 from __future__ import annotations
@@ -49,10 +49,10 @@ def estimate_graph_memory(runner) -> int:
         with runner.capture_phase():
             for mode, keys in runner.dispatcher.capture_keys():
                 deltas = []
-                for key in keys[:2]:
-                    before = runner._free_memory()
+                for key in keys[:2]:  # what the pool grew by (free device memory can stay put)
+                    before = runner.graphs.pool_stats()["bytes"]
                     runner.capture_key(mode, key)
-                    deltas.append(before - runner._free_memory())
+                    deltas.append(runner.graphs.pool_stats()["bytes"] - before)
                 estimate += deltas[0] + max(deltas[-1], 2**20) * (len(keys) - 1)
     finally:
         runner.graphs, runner.full_graphs, runner.piece_graphs = real, {}, {}

@@ -218,12 +218,6 @@ class ModelRunner:
         self.full_graphs[key] = self.graphs.capture(lambda: self._forward(meta), static_inputs=self.graph_inputs(),
                                                     name=f"FULL {key}")
 
-    def _free_memory(self) -> int | None:
-        if self.device.type != "cuda":
-            return None
-        torch.cuda.synchronize(self.device)
-        return torch.cuda.mem_get_info(self.device)[0]
-
     # -- steps ------------------------------------------------------------------------------
     def step(self, requests: list[Request], padding_fill: str | None = None) -> StepOutput:
         """Pad, dispatch and run one step as in service."""
