@@ -397,6 +397,31 @@ def test_xdist_workers_resolve_the_runtime_and_one_report_is_written(pytester):
     assert sorted(p.name for p in (pytester.path / "out").iterdir()) == ["conformance-myname.json", "conformance-myname.md"]
 
 
+def test_xdist_keeps_a_file_of_shared_process_resources_on_one_worker(pytester):
+    """harness.plugin.ONE_WORKER_PER_FILE: the data-parallel suite's tests share one rank pool
+    per process, so they run on one worker; other tests still spread over both."""
+    use_hook_runtime(pytester)
+    record = """
+        import os, pytest
+
+        @pytest.mark.parametrize("b", range(NUMBER))
+        def test_x(runtime, b):
+            with open(os.path.join(os.path.dirname(__file__), "..", "workers.txt"), "a") as f:
+                f.write(f"{__name__} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+    """
+    pytester.mkdir("suites")
+    pytester.makepyfile(**{"suites/test_data_parallel_execution": record.replace("NUMBER", "6"),
+                           "suites/test_other": record.replace("NUMBER", "40")})
+    result = pytester.runpytest("--runtime", "myname", "-n", "2")
+    result.assert_outcomes(passed=46)
+    workers: dict[str, set] = {}
+    for line in (pytester.path / "workers.txt").read_text().splitlines():
+        module, worker = line.split()
+        workers.setdefault(module.rsplit(".", 1)[-1], set()).add(worker)
+    assert len(workers["test_data_parallel_execution"]) == 1, workers
+    assert len(workers["test_other"]) == 2, workers
+
+
 def test_xdist_reports_stale_entries_from_the_whole_collection(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
