@@ -1,8 +1,21 @@
 """Collects the catch table (mutant -> suites that caught it) and prints it after the run; gives
 each xdist worker one CPU thread."""
+import functools
+import platform
 import re
 
 CATCH_TABLE = {}
+
+# Each in-process pytest session of the self-tests (pytester) starts pytest-benchmark, which runs
+# `file` for the interpreter's architecture and git (and hg) for the project's name: four
+# subprocesses a session, a hundred sessions a run. The answers do not change within a process.
+platform.architecture = functools.lru_cache(maxsize=None)(platform.architecture)
+try:
+    from pytest_benchmark import utils as _benchmark_utils
+
+    _benchmark_utils.get_project_name = functools.lru_cache(maxsize=None)(_benchmark_utils.get_project_name)
+except ImportError:
+    pass
 
 
 def pytest_configure(config):
