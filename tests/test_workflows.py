@@ -139,3 +139,12 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     unusable = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--profile", "-n", "2"],
                               capture_output=True, text=True, timeout=60)
     assert unusable.returncode == 2 and "leave out -n" in unusable.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_the_step_breakdown_script_says_it_needs_a_gpu():
+    """scripts/step_breakdown.py times the device; without one it says so (no traceback)."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_breakdown.py"), "--batch", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "needs a CUDA device" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
