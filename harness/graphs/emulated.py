@@ -27,12 +27,12 @@ kernel in a CUDA graph.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
 from .log import LOG
@@ -57,6 +57,36 @@ def _same_device(a: torch.device, b: torch.device | None) -> bool:
     return b is None or (a.type == b.type and None in (a.index, b.index)) or a == b
 
 
+def _leaves(tree) -> list:
+    """The leaves of nested tuples, lists and dicts, in order: all an aten op's arguments and
+    outputs hold (torch's pytree handles any container, at several times the cost per op)."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _leaves(item)]
+    return [tree]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_composite(func) -> bool:
+    """Whether the op has a CompositeImplicitAutograd decomposition (what func.decompose runs)."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+
+
+@functools.lru_cache(maxsize=None)
+def _reason_by_kind(func) -> str | None:
+    """What makes an op uncapturable whatever its arguments (its tags), else None."""
+    if torch.Tag.data_dependent_output in func.tags:
+        return "reads a tensor's value on the CPU" + _FORBIDDEN
+    if torch.Tag.dynamic_output_shape in func.tags:
+        return "has a data-dependent output shape" + _FORBIDDEN
+    if func is not aten.detach_.default and (torch.Tag.inplace_view in func.tags or func in _METADATA_MUTATIONS):
+        # Earlier recorded ops hold this tensor; replaying them after its shape changed is wrong.
+        return "changes a tensor's shape or storage in place, which the emulator cannot replay; use the out-of-place op"
+    return None
+
+
 def _forbidden_reason(func, args, kwargs) -> str | None:
     """Why CUDA capture would reject this op (or the emulator could not replay it), else None."""
     if func in _INDEX_OPS:
@@ -66,18 +96,11 @@ def _forbidden_reason(func, args, kwargs) -> str | None:
         # torch.tensor(python_data, device=...) on a GPU is a host-to-device copy that syncs.
         return ("builds a tensor from Python data (torch.tensor): on a GPU that is a host-to-device copy"
                 + _FORBIDDEN + "; build it before capture and copy it into a static buffer")
-    if torch.Tag.data_dependent_output in func.tags:
-        return "reads a tensor's value on the CPU" + _FORBIDDEN
-    if torch.Tag.dynamic_output_shape in func.tags:
-        return "has a data-dependent output shape" + _FORBIDDEN
     if func is aten._to_copy.default and not _same_device(args[0].device, kwargs.get("device")):
         return f"copies a tensor from {args[0].device} to {kwargs['device']}; device copies are forbidden during capture"
     if func is aten.copy_.default and not _same_device(args[0].device, args[1].device):
         return f"copies a tensor from {args[1].device} to {args[0].device}; device copies are forbidden during capture"
-    if func is not aten.detach_.default and (torch.Tag.inplace_view in func.tags or func in _METADATA_MUTATIONS):
-        # Earlier recorded ops hold this tensor; replaying them after its shape changed is wrong.
-        return "changes a tensor's shape or storage in place, which the emulator cannot replay; use the out-of-place op"
-    return None
+    return _reason_by_kind(func)
 
 
 def _written(func, args, kwargs) -> list[torch.Tensor]:
@@ -86,7 +109,7 @@ def _written(func, args, kwargs) -> list[torch.Tensor]:
     for index, argument in enumerate(func._schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = args[index] if index < len(args) else kwargs.get(argument.name)
-            written += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+            written += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
     return written
 
 
@@ -108,10 +131,11 @@ class _RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         # Under inference_mode composite ops reach us undecomposed; decompose them with this
         # mode active so the recorded ops (and hidden syncs) are the same as under no_grad.
-        with self:
-            decomposed = func.decompose(*args, **kwargs)
-        if decomposed is not NotImplemented:
-            return decomposed
+        if _is_composite(func):
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
         reason = _forbidden_reason(func, args, kwargs)
         if reason:
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
@@ -150,8 +174,8 @@ class _HostReadGuard(TorchFunctionMode):
 
 def _fresh_outputs(args, kwargs, output) -> list[tuple[int, torch.Tensor]]:
     """(leaf index, tensor) for each output leaf that the op allocated rather than aliased."""
-    input_storages = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-    return [(i, t) for i, t in enumerate(tree_leaves(output))
+    input_storages = {t.untyped_storage().data_ptr() for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+    return [(i, t) for i, t in enumerate(_leaves(output))
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in input_storages]
 
 
@@ -225,7 +249,7 @@ class CUDAGraph:
                 if copy_into is None:
                     continue
                 if type(copy_into) is tuple:
-                    leaves = tree_leaves(result)
+                    leaves = _leaves(result)
                     for index, recorded in copy_into:
                         recorded.copy_(leaves[index])
                 else:
