@@ -5,10 +5,11 @@ and FULL (FULL_AND_PIECEWISE routes uniform decode to FULL graphs), through pyte
 Each result carries the padded size; the step's latency (step, then wait for the device) with
 its median and spread (IQR, coefficient of variation); for graph modes, the step's cost in a
 stream of steps (issued back to back, the host preparing a step while the device runs the last
-one, as an engine that does not wait for each step's logits runs) and the device time of its graph
-replays in that stream (timed by the harness on the GPU stream); the launches the harness counted; and the summed kernel
-time of an eager step at the same shape, the floor a graph can approach. One thing is asserted, because it is robust on a
-noisy machine: a FULL step beats eager at batch 1 by a clear margin.
+one, as an engine that does not wait for each step's logits runs) and the device time of its
+graph replays in that stream (timed by the harness on the GPU stream); the launches the harness
+counted; and the summed kernel time of an eager step at the same shape, the floor a graph can
+approach. One thing is asserted, because it is robust on a noisy machine: a FULL step beats
+eager at batch 1 by a clear margin.
 
     pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
 """
@@ -65,7 +66,7 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
     benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
     stats = benchmark.stats.stats
     replay_ms = pipelined_ms = None
-    if out.runtime_mode != "NONE":  # what a graph buys beyond launches: an eager step's host is its floor
+    if out.runtime_mode != "NONE":  # an eager step launches every kernel from the host: no stream to gain
         pipelined_ms = pipelined(engine.engine, requests)
         replay_ms = replays_in_a_stream(engine.engine, requests)
     counted = counting.count(step, "cuda")
