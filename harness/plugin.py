@@ -105,8 +105,10 @@ ONE_WORKER_PER_FILE = ("suites/test_data_parallel_execution.py", "suites/test_nu
 def pytest_xdist_make_scheduler(config, log):
     """xdist's "load" (any test to any idle worker), except that each file above goes whole to one
     worker; those go first, being the longest units."""
-    from xdist.scheduler import LoadScopeScheduling
-
+    try:
+        from xdist.scheduler import LoadScopeScheduling
+    except ImportError:
+        return None
     uses = ("_split_scope", "_reschedule", "schedule", "remove_node")  # xdist's internals this leans on
     if config.getoption("dist") != "load" or not all(hasattr(LoadScopeScheduling, name) for name in uses):
         return None  # xdist's own choice
