@@ -9,18 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Imported here, before any in-process session: pytester restores sys.modules after each run, so
-# what a run imports first is imported again by the next (slow, and transformers' lazy modules
-# do not survive it).
-import torch  # noqa: F401
-import transformers  # noqa: F401
-from transformers import LlamaForCausalLM  # noqa: F401
-
-import harness.anchor  # noqa: F401
-import harness.plots  # noqa: F401  (matplotlib's figure classes: the report draws plots)
-import reference_runtime.adapter  # noqa: F401
-import reference_runtime.engine.runner  # noqa: F401
-
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 

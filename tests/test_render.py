@@ -12,15 +12,8 @@ import sys
 from collections import Counter
 
 import pytest
-import torch  # noqa: F401  (see below)
 
-import harness.plots  # noqa: F401  (see below)
 from harness import measurements, records, render
-
-# torch and matplotlib's figure classes (through harness.plots) are imported here, at collection,
-# on purpose: an in-process pytester run that first imports them (the report names the device and
-# draws plots) drops them from sys.modules afterwards, and neither survives a second import in one
-# process. Imported before any such run, they stay.
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 H200 = "NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0)"
