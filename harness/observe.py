@@ -180,6 +180,12 @@ def _device_memory(device: str) -> tuple[int, int] | None:
     return torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
 
 
+# The benchmark lane's engines (plugin.bench_engines, scripts/step_breakdown.py): a model in
+# bf16, vLLM's default grid (max_num_seqs 256 gives sizes up to 512), a KV cache for every batch.
+BENCHMARK_ENGINE = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512,
+                        kv_tokens=300_000)
+
+
 class EngineFactory:
     """Builds engines for the execution suites: `get(mode=..., attention=..., spec=...)`.
 

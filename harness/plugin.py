@@ -333,9 +333,8 @@ def bench_engines(runtime, graph_backend, pytestconfig):
     """Engines for the benchmark lane: a real model in bf16 on CUDA graphs, vLLM's default grid."""
     if graph_backend != "cuda":
         pytest.skip("benchmarks need CUDA graphs on a GPU; the emulator's timings mean nothing")
-    from .observe import EngineFactory
+    from .observe import BENCHMARK_ENGINE, EngineFactory
 
-    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), dtype="bfloat16",
-                            max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512, kv_tokens=300_000)
+    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), **BENCHMARK_ENGINE)
     yield factory
     factory.close()

@@ -30,34 +30,29 @@ sys.path.insert(0, str(ROOT))
 
 
 def build(preset: str):
-    from reference_runtime.engine import runner as runner_module
-    from reference_runtime.policy import PolicyConfig
+    """(factory, engine): the benchmark lane's engine of the reference runtime, captured."""
+    from harness.observe import BENCHMARK_ENGINE, EngineFactory
+    from reference_runtime.adapter import ReferenceRuntime
 
-    config = runner_module.RunnerConfig(
-        preset=preset, dtype="bfloat16", device="cuda", graph_backend="cuda", mode="FULL_AND_PIECEWISE",
-        policy=PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192), max_model_len=512,
-        num_blocks=300_000 // 16 + 1)
-    runner = runner_module.ModelRunner(config)
-    runner.capture()
-    return runner_module, runner
+    factory = EngineFactory(ReferenceRuntime(), "cuda", preset=preset, **BENCHMARK_ENGINE)
+    return factory, factory.get(mode="FULL_AND_PIECEWISE")
 
 
-def decode_batch(runner, batch: int, context: int = 128):
+def decode_batch(factory, engine, batch: int, context: int = 128):
     """`batch` requests with `context` tokens each in the KV cache, as one-token decode requests."""
-    from reference_runtime.engine.buffers import Request
+    from harness.batches import decode_requests, prefill
 
-    requests = []
-    for start in range(0, batch, 8):
-        prompts = [Request(10_000 + i, tuple((i * 7 + j) % 97 + 1 for j in range(context)), 0)
-                   for i in range(start, min(batch, start + 8))]
-        runner.step(prompts)
-        requests += [Request(r.request_id, (5,), context) for r in prompts]
-    return requests
+    seqs = []
+    for start in range(0, batch, 8):  # 8 prompts a prefill step, as the benchmark lane does
+        count = min(8, batch - start)
+        seqs += prefill(engine, [factory.new_id() for _ in range(count)], [context] * count)
+    return decode_requests(seqs)
 
 
-def host_phases(runner_module, runner, requests, steps=200) -> dict:
+def host_phases(runner, requests, steps=200) -> dict:
     """Medians, in microseconds, of the host's phases of a step (each wrapped with a timer)."""
     import torch
+    from reference_runtime.engine import runner as runner_module
 
     marks: dict[str, list[float]] = defaultdict(list)
 
@@ -177,21 +172,22 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("step_breakdown.py needs a CUDA device (it times the device)")
-    runner_module, runner = build(args.preset)
+    factory, engine = build(args.preset)
+    runner = engine.engine.runner  # the reference engine's model runner, timed without the harness around it
     result = {"preset": args.preset, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {}}
     for batch in args.batch:
-        requests = decode_batch(runner, batch)
+        requests = decode_batch(factory, engine, batch)
         for _ in range(20):
             runner.step(requests)
         floor, kernels = eager_kernels(runner, requests)
-        entry = {"host phases (us, median)": host_phases(runner_module, runner, requests),
+        entry = {"host phases (us, median)": host_phases(runner, requests),
                  "device timeline of a step, then wait (us, median)": device_timeline(runner, requests),
                  "back to back": stream_times(runner, requests), "eager kernel floor (us)": floor,
                  "eager kernels per step": len([0 for row in kernels for _ in range(round(row[1]))]),
                  "eager kernels by name (name, per step, us per step)": kernels[:40]}
         result["batches"][batch] = entry
         for request in requests:
-            runner.release(request.request_id)
+            engine.release(request.request_id)
         print(f"\n== {args.preset}, batch {batch}: eager kernel floor {floor:.1f} us, "
               f"{entry['eager kernels per step']} kernels and copies per eager step")
         for section in ("host phases (us, median)", "device timeline of a step, then wait (us, median)", "back to back"):
