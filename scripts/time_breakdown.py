@@ -26,20 +26,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)")
 OUTCOME = re.compile(r"\d+ (passed|failed|errors?|skipped)\b.* in \d")
 
-# name -> (file suffix, function name) entry points whose cumulative time is that cost
+# name -> (file suffix, function name): the entry point whose cumulative time is that cost
 COSTS = {
-    "imports": [("<frozen importlib._bootstrap>", "_find_and_load")],
-    "collection (includes the imports of test modules)": [("_pytest/main.py", "perform_collect")],
-    "engines from the factory (builds, with their captures)": [("harness/observe.py", "_get")],
-    "graph captures, wherever they happen (GraphBackend.capture)": [("harness/graphs/base.py", "capture")],
-    "graph replays": [("harness/graphs/base.py", "replay")],
-    "hypothesis examples": [("hypothesis/core.py", "execute_once")],
-    "in-process pytest sessions (pytester)": [("_pytest/pytester.py", "inline_run")],
-    "subprocess pytest sessions (pytester)": [("_pytest/pytester.py", "runpytest_subprocess")],
-    "other subprocesses (subprocess.run)": [("subprocess.py", "run")],
-    "data-parallel rank pools (waiting on ranks)": [("harness/distributed.py", "_gather")],
-    "report writing": [("harness/report.py", "write")],
-    "garbage collection": [("~", "<built-in method gc.collect>")],
+    "imports": ("<frozen importlib._bootstrap>", "_find_and_load"),
+    "collection (includes the imports of test modules)": ("_pytest/main.py", "perform_collect"),
+    "engines from the factory (builds, with their captures)": ("harness/observe.py", "_get"),
+    "graph captures, wherever they happen (GraphBackend.capture)": ("harness/graphs/base.py", "capture"),
+    "graph replays": ("harness/graphs/base.py", "replay"),
+    "hypothesis examples": ("hypothesis/core.py", "execute_once"),
+    "in-process pytest sessions (pytester)": ("_pytest/pytester.py", "inline_run"),
+    "subprocess pytest sessions (pytester)": ("_pytest/pytester.py", "runpytest_subprocess"),
+    "other subprocesses (subprocess.run)": ("subprocess.py", "run"),
+    "data-parallel rank pools (waiting on ranks)": ("harness/distributed.py", "_gather"),
+    "report writing": ("harness/report.py", "write"),
+    "garbage collection": ("~", "<built-in method gc.collect>"),
 }
 
 
@@ -93,10 +93,10 @@ def profile(args: list[str]) -> None:
             sys.exit(f"the profiled run left no profile (pytest exit {result.returncode})")
         stats = pstats.Stats(str(out)).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
     print(f"$ pytest {' '.join(args)} (serial, under cProfile)\n{outcome(result.stdout)}\nwall {wall:.1f} s\n")
-    for name, entries in COSTS.items():
+    for name, (suffix, wanted) in COSTS.items():
         seconds, calls = 0.0, 0
         for (filename, _, function), (_, primitive, _, cumulative, _) in stats.items():
-            if any(filename.endswith(suffix) and function == wanted for suffix, wanted in entries):
+            if filename.endswith(suffix) and function == wanted:
                 seconds, calls = seconds + cumulative, calls + primitive
         print(f"  {seconds:7.1f} s {100 * seconds / wall:5.1f}%  {name} ({calls} calls)")
     sys.exit(result.returncode)

@@ -1,8 +1,9 @@
 """The memory budget (vLLM's): KV cache = budget - model and activations - graph estimate.
 
 The graph estimate captures the two largest keys of each mode in a throwaway pool, measures what
-the pool grew by, and extrapolates: the largest costs what it costs; each further graph is charged what the second
-one added (smaller graphs reuse the larger one's blocks), with vLLM's 1 MiB floor per graph.
+the pool grew by, and extrapolates: the largest costs what it costs; each further graph is charged
+what the second one added (smaller graphs reuse the larger one's blocks), with vLLM's 1 MiB floor
+per graph.
 """
 from __future__ import annotations
 
