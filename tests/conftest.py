@@ -4,19 +4,6 @@ import functools
 import platform
 import re
 
-# Imported once, before any in-process pytest session (pytester): pytester restores sys.modules
-# after each run, so what a run imports first is imported again by the next (slow), and some of
-# it does not survive a second import in one process (numpy under matplotlib, transformers' lazy
-# modules). The suites' sessions import these; the report names the device and draws plots.
-import torch
-import transformers  # noqa: F401
-from transformers import LlamaForCausalLM  # noqa: F401
-
-import harness.anchor  # noqa: F401
-import harness.plots  # noqa: F401
-import reference_runtime.adapter  # noqa: F401
-import reference_runtime.engine.runner  # noqa: F401
-
 CATCH_TABLE = {}
 
 # Each in-process pytest session of the self-tests (pytester) starts pytest-benchmark, which runs
@@ -32,6 +19,21 @@ except ImportError:
 
 
 def pytest_configure(config):
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        return  # the xdist controller runs no test: it needs none of the imports below (~5 s)
+    # Imported once, before any in-process pytest session (pytester): pytester restores sys.modules
+    # after each run, so what a run imports first is imported again by the next (slow), and some of
+    # it does not survive a second import in one process (numpy under matplotlib, transformers' lazy
+    # modules). The suites' sessions import these; the report names the device and draws plots.
+    import torch
+    import transformers  # noqa: F401
+    from transformers import LlamaForCausalLM  # noqa: F401
+
+    import harness.anchor  # noqa: F401
+    import harness.plots  # noqa: F401
+    import reference_runtime.adapter  # noqa: F401
+    import reference_runtime.engine.runner  # noqa: F401
+
     # The self-tests' sessions run in the worker itself; the suites' graph_backend fixture would
     # give the worker its share of the machine only in a session that asks for it. One thread per
     # worker, as machine.share gives: two workers on two cores, and the model's tensors are tiny.
