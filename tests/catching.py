@@ -7,19 +7,39 @@ seconds of imports and the harness keeps its state in objects registered per ses
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from hypothesis import Phase, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 
 
+CATCH_PROFILE = "catch"
+
+
+def _register_catch_profile() -> None:
+    """The harness's profile for this run (ci under CI, else dev: the same examples drawn), without
+    the shrink phase. A catch session asks whether a suite fails and what its message says, not for
+    the smallest failing example, and shrinking was most of a failing property test's time."""
+    parent = settings.get_profile("ci" if os.environ.get("CI") else "dev")
+    settings.register_profile(CATCH_PROFILE, parent, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
 def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
     """The JSON report of a session over `targets` (suite file names, or `file::test` ids)."""
+    _register_catch_profile()
+    outer = settings.get_current_profile_name()
     report_dir = pytester.path / "report"
-    pytester.runpytest(
-        *[str(SUITES / target) for target in targets], "--runtime", runtime_spec, "--report-dir", str(report_dir),
-        "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly", "--rootdir", str(ROOT), *extra,
-    )
+    try:
+        pytester.runpytest(
+            *[str(SUITES / target) for target in targets], "--runtime", runtime_spec, "--report-dir", str(report_dir),
+            "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly", "--rootdir", str(ROOT),
+            "--hypothesis-profile", CATCH_PROFILE, *extra,
+        )
+    finally:
+        settings.load_profile(outer)  # the session loaded the catch profile into hypothesis's global settings
     (report,) = report_dir.glob("conformance-*.json")
     return json.loads(report.read_text())
 
