@@ -42,8 +42,10 @@ MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
 # How ranks start: a parent that initialised CUDA cannot fork, so GPU ranks are spawned; CPU ranks
 # fork from a server that imported torch once.
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
-# Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds.
-PRELOAD = ("torch", "torch.distributed", "safetensors.torch")  # what every rank needs before it builds an engine
+# Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds:
+# what every rank needs before it builds an engine, and torch._dynamo, which the emulator's first
+# capture would import (torch's dispatch modes do, on first use: ~1.5 s in every rank).
+PRELOAD = ("torch", "torch.distributed", "safetensors.torch", "torch._dynamo")
 
 
 class RankFailure(Exception):

@@ -15,3 +15,10 @@ for plugin in plugins/*/ examples/bucket_engine/; do
     "$PYTHON" -m pip install --quiet --no-build-isolation --no-deps -e "$plugin" 2>/dev/null \
         || "$PYTHON" -m pip install --quiet --no-deps -e "$plugin"
 done
+# Warm the bytecode caches once. Where PYTHONDONTWRITEBYTECODE is set (as on CI machines), nothing
+# else writes them, and every process of a test run (the xdist workers, the self-tests' pytest
+# subprocesses and in-process sessions) would compile the project again and pytest would rewrite
+# the asserts of every module of its plugins' packages (all of hypothesis) again: 1-2 s a process.
+# Collecting the tests also finds a broken install early; its errors are reported by the test run.
+PYTHONDONTWRITEBYTECODE= "$PYTHON" -m compileall -q -x '/(\.git|\.vllm_gpu|reports|build)/' . >/dev/null || true
+PYTHONDONTWRITEBYTECODE= "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 || true

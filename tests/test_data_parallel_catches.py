@@ -17,7 +17,7 @@ from tests import broken_dp_runtimes, catching
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "suites" / "test_data_parallel_execution.py"
-HANG_TIMEOUT_S = 3.0  # the step timeout in these runs (a step takes milliseconds): what a hang costs
+HANG_TIMEOUT_S = 1.5  # the step timeout in these runs (a step takes milliseconds): what a hang costs
 
 # mutant -> (the scripted step it first fails at, words its failure message must hold)
 MUST_CATCH = {
