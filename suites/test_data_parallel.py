@@ -8,6 +8,8 @@
 
 Ranks in separate processes are tested by test_data_parallel_execution.py.
 """
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -60,10 +62,15 @@ def test_spec_examples(check, runtime, runner, ranks, expected):
 
 
 @pytest.mark.requires("data_parallel", "dispatch")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), data=st.data())
-def test_ranks_agree_and_never_move_up(check, runtime, mode, seqs, data):
-    config = PolicyConfig(max_num_seqs=seqs, mode=mode)
+@given(seqs=st.sampled_from([8, 64, 264]), data=st.data())
+def test_ranks_agree_and_never_move_up(check, runtime, seqs, data):
+    """Every config mode is asked about each drawn set of rank batches."""
     ranks = data.draw(rank_batches(seqs), label="ranks")
+    for mode in CONFIG_MODES:
+        _agree_and_never_move_up(check, runtime, PolicyConfig(max_num_seqs=seqs, mode=mode), ranks)
+
+
+def _agree_and_never_move_up(check, runtime, config, ranks):
     agreed = runtime.dp_dispatch(config, ranks)
     alone = [runtime.dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
     check.that(len({d.runtime_mode for d in agreed}) == 1, what="every rank runs the same mode", case=config,
@@ -85,10 +92,11 @@ def test_ranks_agree_and_never_move_up(check, runtime, mode, seqs, data):
 
 
 @pytest.mark.requires("data_parallel", "vllm_policy")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.sampled_from([8, 64, 264]), runner=st.sampled_from(["v1", "v2"]),
-       data=st.data())
-def test_matches_the_oracle(check, runtime, mode, seqs, runner, data):
-    config = PolicyConfig(max_num_seqs=seqs, mode=mode, runner=runner)
+@given(seqs=st.sampled_from([8, 64, 264]), data=st.data())
+def test_matches_the_oracle(check, runtime, seqs, data):
+    """Every config mode and both of vLLM's runners are asked about each drawn set of rank batches."""
     ranks = data.draw(rank_batches(seqs), label="ranks")
-    check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
-                what=f"what each rank runs for {ranks}")
+    for mode, runner in itertools.product(CONFIG_MODES, ("v1", "v2")):
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode, runner=runner)
+        check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
+                    what=f"what each rank runs for {ranks}")

@@ -10,8 +10,10 @@ the FULL > PIECEWISE > NONE choice.
   runtime also declares its sizes, a key's num_tokens is its own padded_size(); with `lora`, a
   batch with adapters never runs a graph captured without them or for fewer.
 """
+import itertools
+
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness import expected, oracle
@@ -113,52 +115,64 @@ def own_resolved(runtime, mode: str) -> str | None:
     return None if want.value == "error" else want.value
 
 
+def modes_asked(runtime) -> list[str]:
+    """Every config mode, each as dispatch() is asked about it (own_resolved), once. A property
+    test asks all of them about each drawn batch: a bug in one mode's routine is not left to a
+    one-in-five draw of the mode."""
+    return [mode for mode in dict.fromkeys(own_resolved(runtime, m) for m in CONFIG_MODES) if mode]
+
+
 @pytest.mark.requires("dispatch")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
-def test_runtime_mode_is_one_the_config_mode_can_run(check, runtime, mode, seqs, data):
+@given(seqs=st.integers(1, 300), data=st.data())
+def test_runtime_mode_is_one_the_config_mode_can_run(check, runtime, seqs, data):
     """A uniform batch may run the decode or the mixed routine (or eager); any other batch only
-    the mixed routine (or eager). Eager is unpadded; a graph pads up, never down."""
-    mode = own_resolved(runtime, mode)
-    assume(mode is not None)
-    config = _config(mode, seqs)
+    the mixed routine (or eager). Eager is unpadded; a graph pads up, never down. The drawn token
+    count is asked as a mixed batch and, where it fits, as a uniform decode batch too."""
     tokens = data.draw(st.integers(1, 3 * seqs + 8), label="num_tokens")
-    uniform = data.draw(st.booleans(), label="uniform") and tokens <= seqs
-    reqs = tokens if uniform else data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs")
-    got = runtime.dispatch(config, tokens, reqs, uniform)
-    decode, mixed = ROUTINES[mode]
-    allowed = {"NONE", mixed} | ({decode} if uniform else set())
-    check.that(got.runtime_mode in allowed, what=f"a {'uniform' if uniform else 'mixed'} batch under {mode} "
-               f"runs one of {sorted(allowed)}", source=CONTRACT, case=config, got=got)
-    if got.runtime_mode == "NONE":
-        check.equal(got.descriptor.num_tokens, tokens, what="an eager step is not padded", source=CONTRACT, case=config)
-    else:
-        check.that(got.descriptor.num_tokens >= tokens, what="a graph step is padded up, never down", source=CONTRACT,
-                   case=config, got=got)
+    reqs = data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs")
+    batches = [(reqs, False)] + ([(tokens, True)] if tokens <= seqs else [])
+    for mode, (num_reqs, uniform) in itertools.product(modes_asked(runtime), batches):
+        config = _config(mode, seqs)
+        got = runtime.dispatch(config, tokens, num_reqs, uniform)
+        decode, mixed = ROUTINES[mode]
+        allowed = {"NONE", mixed} | ({decode} if uniform else set())
+        kind = f"a {'uniform' if uniform else 'mixed'} batch of {tokens} tokens, {num_reqs} requests"
+        check.that(got.runtime_mode in allowed, what=f"{kind} under {mode} runs one of {sorted(allowed)}",
+                   source=CONTRACT, case=config, got=got)
+        if got.runtime_mode == "NONE":
+            check.equal(got.descriptor.num_tokens, tokens, what=f"an eager step is not padded ({kind})", source=CONTRACT,
+                        case=config)
+        else:
+            check.that(got.descriptor.num_tokens >= tokens, what=f"a graph step is padded up, never down ({kind})",
+                       source=CONTRACT, case=config, got=got)
 
 
 @pytest.mark.requires("dispatch", "capture_sizes")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
-def test_a_decode_graph_key_is_the_runtimes_own_padded_size(check, runtime, mode, seqs, data):
+@given(seqs=st.integers(1, 300), data=st.data())
+def test_a_decode_graph_key_is_the_runtimes_own_padded_size(check, runtime, seqs, data):
     """padded_size() answers for a decode step, so only uniform batches are held to it: an engine
     may pad a mixed (prefill) batch by other buckets, as SGLang pads by token count."""
-    config = _config(mode, seqs)
     tokens = data.draw(st.integers(1, seqs), label="num_tokens")
-    got = runtime.dispatch(config, tokens, tokens, True)
-    if got.runtime_mode != "NONE":
-        check.equal(got.descriptor.num_tokens, runtime.padded_size(config, tokens), source=OWN_POLICY, case=config,
-                    what=f"the key of a {got.runtime_mode} dispatch of a uniform decode batch of {tokens} vs padded_size()")
+    for mode in CONFIG_MODES:
+        config = _config(mode, seqs)
+        got = runtime.dispatch(config, tokens, tokens, True)
+        if got.runtime_mode != "NONE":
+            check.equal(got.descriptor.num_tokens, runtime.padded_size(config, tokens), source=OWN_POLICY, case=config,
+                        what=f"the key of a {got.runtime_mode} dispatch of a uniform decode batch of {tokens} vs padded_size()")
 
 
 @pytest.mark.requires("dispatch", "vllm_policy")
-@given(mode=st.sampled_from(CONFIG_MODES), seqs=st.integers(1, 300), data=st.data())
-def test_piecewise_keys_are_relaxed(check, runtime, mode, seqs, data):
+@given(seqs=st.integers(1, 300), data=st.data())
+def test_piecewise_keys_are_relaxed(check, runtime, seqs, data):
     """vLLM's PIECEWISE graphs serve any request count and batch kind: num_reqs None, not uniform."""
-    config = _config(mode, seqs)
     tokens = data.draw(st.integers(1, 2 * seqs + 8), label="num_tokens")
-    got = runtime.dispatch(config, tokens, data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs"), False)
-    if got.runtime_mode == "PIECEWISE":
-        check.that(got.descriptor.num_reqs is None and not got.descriptor.uniform, source=SPEC, case=config,
-                   what="PIECEWISE keys are relaxed (num_reqs None, not uniform)", got=got)
+    reqs = data.draw(st.integers(1, min(tokens, seqs)), label="num_reqs")
+    for mode in CONFIG_MODES:
+        config = _config(mode, seqs)
+        got = runtime.dispatch(config, tokens, reqs, False)
+        if got.runtime_mode == "PIECEWISE":
+            check.that(got.descriptor.num_reqs is None and not got.descriptor.uniform, source=SPEC, case=config,
+                       what="PIECEWISE keys are relaxed (num_reqs None, not uniform)", got=got)
 
 
 # LoRA (spec section 4): counts are powers of two up to max_loras plus max_loras + 1.
