@@ -24,7 +24,7 @@ def _register_catch_profile() -> None:
     the shrink phase. A catch session asks whether a suite fails and what its message says, not for
     the smallest failing example, and shrinking was most of a failing property test's time."""
     parent = settings.get_profile("ci" if os.environ.get("CI") else "dev")
-    settings.register_profile(CATCH_PROFILE, parent, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.register_profile(CATCH_PROFILE, parent, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
 
 
 def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
