@@ -33,11 +33,15 @@ def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
     outer = settings.get_current_profile_name()
     report_dir = pytester.path / "report"
     try:
-        pytester.runpytest(
+        result = pytester.runpytest(
             *[str(SUITES / target) for target in targets], "--runtime", runtime_spec, "--report-dir", str(report_dir),
             "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly", "--rootdir", str(ROOT),
             "--hypothesis-profile", CATCH_PROFILE, *extra,
         )
+        # Hypothesis's caches keep some of a session's test functions, and through their modules' loader
+        # the whole session: its recorded hook calls and their reports (frames and tracebacks of every
+        # failure) would then live to the end of the worker, and every full collection walk them.
+        result.reprec.calls.clear()
     finally:
         settings.load_profile(outer)  # the session loaded the catch profile into hypothesis's global settings
     (report,) = report_dir.glob("conformance-*.json")
