@@ -52,7 +52,8 @@ class VllmEngine:
         # token at index len(tokens) of its per-request token table (input_batch.post_update).
         args = settings.engine_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
                                     max_model_len=config.max_model_len + 1)
-        with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"):
+        with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
+                settings.process_state_kept():
             self.vllm_config = vllm_config = settings.create_vllm_config(args)
             if not vllm_config.use_v2_model_runner:
                 raise EngineError("vLLM chose its V1 model runner for this config; this runtime drives the V2 runner "
@@ -114,7 +115,7 @@ class VllmEngine:
         self.observer.start()  # capture runs the piecewise path too: keep it off the last step's record
         with settings.timed(f"capture {self.label}"):
             start = time.perf_counter()
-            with self._set_config(self.vllm_config):
+            with self._set_config(self.vllm_config), settings.process_state_kept():
                 memory = self.runner.capture_model()  # vLLM's own measure: free memory before minus after
             seconds = time.perf_counter() - start
         full = len(self.manager.graphs) - full_before
@@ -159,7 +160,7 @@ class VllmEngine:
         first = self.steps == 0
         start = time.perf_counter()
         try:
-            with self._set_config(self.vllm_config):
+            with self._set_config(self.vllm_config), settings.process_state_kept():
                 self.executor.execute_model(output)
                 state = self.runner.execute_model_state
                 if state is None:

@@ -52,6 +52,26 @@ def event(message: str) -> None:
 
 
 @contextmanager
+def process_state_kept():
+    """Put back what vLLM changes for the whole process during a call: it draws from torch's
+    global CPU generator (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own cache
+    when it compiles. The harness fails a test that leaves either changed (docs/reliability.md),
+    since it would taint the tests after it; this runtime, not vLLM, owns that promise."""
+    import torch
+
+    environment = dict(os.environ)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        for name in set(os.environ) - set(environment):
+            del os.environ[name]
+        for name, value in environment.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+@contextmanager
 def timed(what: str):
     start = time.perf_counter()
     try:

@@ -211,3 +211,24 @@ def test_without_a_gpu_the_runtime_says_why_it_cannot_start(pytester):
                                 "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*failed to start*CUDA GPU*torch sees none*"])
+
+
+def test_what_vllm_changes_for_the_process_is_put_back(monkeypatch):
+    """vLLM draws from torch's global generator and sets TORCHINDUCTOR_CACHE_DIR (found on the H200):
+    the runtime puts both back, and any other variable a call adds, changes or removes."""
+    import os
+
+    from cudagraph_vllm_engine import settings
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("CUDAGRAPH_TEST_KEPT", "1")
+    before = torch.get_rng_state()
+    with settings.process_state_kept():
+        torch.rand(3)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/elsewhere"
+        os.environ["CUDAGRAPH_TEST_KEPT"] = "2"
+    assert torch.equal(torch.get_rng_state(), before)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and os.environ["CUDAGRAPH_TEST_KEPT"] == "1"
+    with settings.process_state_kept():
+        del os.environ["CUDAGRAPH_TEST_KEPT"]
+    assert os.environ["CUDAGRAPH_TEST_KEPT"] == "1"
