@@ -30,13 +30,17 @@ MEMORY = "CUDA memory allocated"
 CUDA_RNG = "torch CUDA RNG (torch.cuda.get_rng_state_all)"
 CUDA_STATE = (MEMORY, CUDA_RNG)  # meaningless once the CUDA context is broken
 MEMORY_TOLERANCE = 8 << 20  # bytes: allocator rounding and small first-use buffers are not a leak
+# cuBLAS keeps a workspace for each stream a matmul ran on (32 MiB on a Hopper GPU), made by whichever
+# test runs one there first. The harness must not free it to take a reading: a CUDA graph captured
+# with a matmul goes on using its workspace, and where graphs share a memory pool across engines
+# (vLLM's), a later capture is handed that memory and the old graph's replays overwrite it (illegal
+# memory accesses on the H200). So one workspace's growth is allowed on top of the tolerance.
+CUBLAS_WORKSPACE = 32 << 20
 _released = 0  # bytes of CUDA memory the harness itself freed (cached engines it dropped)
 
 
 def cuda_allocated(torch) -> int:
-    """CUDA memory tensors hold on every device, without cuBLAS's workspaces: a cache each stream
-    keeps once a matmul ran, created or freed by whichever test happens to run one."""
-    getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
+    """CUDA memory allocated on every device (cuBLAS's workspaces included: see CUBLAS_WORKSPACE)."""
     return sum(torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count()))
 
 
@@ -253,9 +257,8 @@ def _torch_state(torch) -> list[Tracked]:
             # default=0: a test that is the first to touch CUDA starts from an empty allocator, and
             # what it leaves allocated is measured from there (else a first-use leak went unseen).
             Tracked(MEMORY, allocated, settle=settle, default=0,
-                    same=lambda before, after: after <= before + MEMORY_TOLERANCE,
+                    same=lambda before, after: after <= before + MEMORY_TOLERANCE + CUBLAS_WORKSPACE,
                     show=lambda before, after: f"{(after - before) / 2**20:.1f} MiB more than before the test, after "
-                                               "gc.collect(), clearing cuBLAS workspaces and torch.cuda.empty_cache(): "
-                                               "tensors it left alive"),
+                                               "gc.collect() and torch.cuda.empty_cache(): tensors it left alive"),
         ]
     return state
