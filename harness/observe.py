@@ -312,7 +312,10 @@ class EngineFactory:
         self._engines.clear()
         gc.collect()
         isolation.harness_released(held - isolation.cuda_allocated(torch))
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:  # a broken CUDA context (AcceleratorError): the test that broke it was told
+            pass
 
     def new_id(self) -> int:
         return next(self._ids)

@@ -101,7 +101,9 @@ def test_unprintable_and_world_ending_exceptions_fail_only_their_test(pytester, 
     assert "SystemExit: 3" in reasons["test_system_exit"]
     assert "raised by the code under test, not by Ctrl-C" in reasons["test_keyboard_interrupt"]
     assert "BreaksTracebacks: ranks disagree" in reasons["test_breaks_tracebacks"]
-    assert "pytest could not format it" in reasons["test_breaks_tracebacks"]
+    # pytest 9.0 cannot format a traceback whose __notes__ raise (the harness says so); 9.1 leaves them out itself.
+    assert any(words in reasons["test_breaks_tracebacks"]
+               for words in ("pytest could not format it", "Ignored error getting __notes__"))
     assert "FailedHealthCheck" in reasons["test_health_check"]
     output = result.stdout.str()
     assert len(output) < 200_000  # ten megabytes of message, bounded
@@ -389,6 +391,7 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
 
         live = weakref.WeakSet()  # the stand-in allocator: what is allocated is what is alive
         torch.cuda.is_initialized = lambda: True
+        torch.cuda.is_available = lambda: False  # no device behind it, on a GPU machine too (the report header asks)
         torch.cuda.device_count = lambda: 1
         torch.cuda.memory_allocated = lambda device=None: sum(t.numel() for t in live)
         torch.cuda.get_rng_state_all = lambda: []
@@ -492,3 +495,24 @@ def test_cuda_state_a_test_leaves_changed_fails_it(pytester):
     reasons = "\n".join(entry.get("reason", "") for entry in picked.values())
     assert "torch CUDA RNG" in reasons and "MiB more than before the test" in reasons
     assert tests["test_an_engine_cached_for_later_tests_is_not_taint"]["outcome"] == "passed"
+
+
+def test_the_engine_factory_closes_in_a_broken_cuda_context(monkeypatch):
+    """Found on the H200: after an illegal memory access, the factory's teardown (empty_cache) raised
+    again and turned a later policy-only test into an error. The test that broke the context says so;
+    closing frees what it can and raises nothing."""
+    import torch
+
+    from harness.observe import EngineFactory
+    from reference_runtime.adapter import ReferenceRuntime
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", broken)
+    factory = EngineFactory(ReferenceRuntime(), "emulated")
+    factory.get(mode="NONE", capture=False)
+    factory.close()
+    assert not factory._engines
