@@ -25,6 +25,19 @@ class CudaGraph(CapturedGraph):
         self._graph.replay()
 
 
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One capture stream per device for every engine of the process. cuBLAS keeps a workspace for
+    each stream a matmul ran on, for as long as the process lives: a stream per engine left one
+    workspace (32 MiB on the H200) behind for every engine ever built, seen by the taint check as a
+    leak of each test that built a fresh engine."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 class CudaGraphBackend(GraphBackend):
     name = "cuda"
 
@@ -41,7 +54,7 @@ class CudaGraphBackend(GraphBackend):
         watch_cuda_graphs()
         with torch.cuda.device(self.device):
             self._pools = [torch.cuda.graph_pool_handle()]  # the last is current; see below
-            self._capture_stream = torch.cuda.Stream(self.device)
+            self._capture_stream = _capture_stream(self.device)
         self._failed_captures: list[torch.cuda.CUDAGraph] = []
 
     def _capture(self, fn: Callable[[], Any], name: str, input_addresses: dict[str, InputAddress]) -> CudaGraph:
