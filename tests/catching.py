@@ -19,18 +19,20 @@ SUITES = ROOT / "suites"
 CATCH_PROFILE = "catch"
 
 
-def _register_catch_profile() -> None:
+def _register_catch_profile() -> str:
     """The harness's profile for this run (ci under CI, else dev: the same examples drawn), without
-    the shrink phase. A catch session asks whether a suite fails and what its message says, not for
-    the smallest failing example, and shrinking was most of a failing property test's time."""
-    parent = settings.get_profile("ci" if os.environ.get("CI") else "dev")
-    settings.register_profile(CATCH_PROFILE, parent, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+    the shrink phase, and its name. A catch session asks whether a suite fails and what its message
+    says, not for the smallest failing example, and shrinking was most of a failing property test's time."""
+    parent = "ci" if os.environ.get("CI") else "dev"
+    settings.register_profile(CATCH_PROFILE, settings.get_profile(parent),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+    return parent
 
 
 def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
     """The JSON report of a session over `targets` (suite file names, or `file::test` ids)."""
-    _register_catch_profile()
-    outer = settings.get_current_profile_name()
+    parent = _register_catch_profile()
+    outer = getattr(settings, "get_current_profile_name", lambda: parent)()  # absent from older hypothesis
     report_dir = pytester.path / "report"
     try:
         result = pytester.runpytest(
