@@ -6,6 +6,7 @@ This module imports on CPU-only machines; the backend is only constructible wher
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -25,17 +26,13 @@ class CudaGraph(CapturedGraph):
         self._graph.replay()
 
 
-_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     """One capture stream per device for every engine of the process. cuBLAS keeps a workspace for
     each stream a matmul ran on, for as long as the process lives: a stream per engine left one
     workspace (32 MiB on the H200) behind for every engine ever built, seen by the taint check as a
     leak of each test that built a fresh engine."""
-    if device not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
-    return _CAPTURE_STREAMS[device]
+    return torch.cuda.Stream(device)
 
 
 class CudaGraphBackend(GraphBackend):
