@@ -143,20 +143,12 @@ def stream_times(runner, requests, repeats=50) -> dict:
 
 
 def eager_kernels(runner, requests, steps=5) -> tuple[float, list]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """(summed kernel time of an eager step, [(name, launches per step, us per step)], largest first)."""
+    from harness.graphs import counting
 
     padded = runner.last_layout.num_tokens
     runner.eager_step(requests, padded)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            runner.eager_step(requests, padded)
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[event.name].append(event.time_range.end - event.time_range.start)
+    by_name = counting.kernel_times_us(lambda: [runner.eager_step(requests, padded) for _ in range(steps)])
     table = sorted(((name, len(times) / steps, sum(times) / steps) for name, times in by_name.items()),
                    key=lambda row: -row[2])
     return sum(row[2] for row in table), table
@@ -183,7 +175,7 @@ def main() -> None:
         entry = {"host phases (us, median)": host_phases(runner, requests),
                  "device timeline of a step, then wait (us, median)": device_timeline(runner, requests),
                  "back to back": stream_times(runner, requests), "eager kernel floor (us)": floor,
-                 "eager kernels per step": len([0 for row in kernels for _ in range(round(row[1]))]),
+                 "eager kernels per step": round(sum(count for _, count, _ in kernels)),
                  "eager kernels by name (name, per step, us per step)": kernels[:40]}
         result["batches"][batch] = entry
         for request in requests:

@@ -81,16 +81,22 @@ def _count_cuda(fn) -> Submissions:
     return Submissions(kernels, graphs, copies)
 
 
-def kernel_time_us(fn) -> float:
-    """Summed device time of everything fn runs on the GPU (the floor a graph can approach)."""
+def kernel_times_us(fn) -> dict[str, list[float]]:
+    """The device time of each kernel and copy fn runs on the GPU, by name, in microseconds."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    total = 0.0
+    by_name: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            total += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
-    return total
+            time_us = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
+            by_name.setdefault(event.name, []).append(time_us)
+    return by_name
+
+
+def kernel_time_us(fn) -> float:
+    """Summed device time of everything fn runs on the GPU (the floor a graph can approach)."""
+    return sum(sum(times) for times in kernel_times_us(fn).values())
