@@ -144,7 +144,8 @@ def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool, float]]
 def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: float = 0.10) -> list[dict]:
     """Entries where a current run is worse than the baseline by more than `threshold` (a fraction)
     and by more than the noise both runs measured (twice their coefficients of variation added):
-    latency medians higher, serving throughput lower. Matched by (mode, batch) and by mode."""
+    latency medians higher, serving throughput lower. Matched as _benchmarks keys them: the same
+    model preset, mode, and batch (latency) or request count (serving)."""
     regressions = []
     for run, label in zip(current_runs, run_labels(current_runs)):
         # A baseline of the same runtime is the one to beat; otherwise whatever baseline was given.
@@ -153,11 +154,12 @@ def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: floa
         for key, (metric, value, higher_is_worse, cv) in _benchmarks([run]).items():
             if key not in baseline:
                 continue
-            before, before_cv = baseline[key][1], baseline[key][3]
+            _, before, _, before_cv = baseline[key]
             change = (value - before) / before if higher_is_worse else (before - value) / before
             bar = max(threshold, 2 * (cv + before_cv))
             if change > bar:
-                regressions.append({"run": label, "kind": key[0], "mode": key[2], "batch": key[3], "metric": metric,
+                kind, _preset, mode, where = key  # where: the batch, or "N requests" for serving
+                regressions.append({"run": label, "kind": kind, "mode": mode, "batch": where, "metric": metric,
                                     "baseline": before, "current": value, "change": change, "bar": bar})
     return regressions
 
