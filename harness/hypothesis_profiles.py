@@ -1,6 +1,8 @@
 """Named hypothesis profiles: choose one with --hypothesis-profile (default: ci under CI, else dev)."""
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
 
 PROFILES = {
@@ -8,6 +10,11 @@ PROFILES = {
     "ci": dict(max_examples=100, print_blob=True),
     "nightly": dict(max_examples=1000, print_blob=True),
 }
+
+
+def default_profile() -> str:
+    """The profile a run gets without --hypothesis-profile: ci under CI, else dev."""
+    return "ci" if os.environ.get("CI") else "dev"
 
 
 def register_profiles() -> None:

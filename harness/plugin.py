@@ -14,7 +14,7 @@ import shlex
 import pytest
 
 from . import checks, known_failures, registry, render, report, robustness
-from .hypothesis_profiles import register_profiles
+from .hypothesis_profiles import default_profile, register_profiles
 from . import machine
 from .protocol import Capabilities
 from .records import check_record
@@ -178,7 +178,7 @@ def _load_hypothesis_profile(config) -> str:
 
     chosen = config.getoption("hypothesis_profile", None)
     if chosen is None:
-        chosen = "ci" if os.environ.get("CI") else "dev"
+        chosen = default_profile()
         settings.load_profile(chosen)
     return chosen
 

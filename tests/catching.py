@@ -7,10 +7,11 @@ seconds of imports and the harness keeps its state in objects registered per ses
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from hypothesis import Phase, settings
+
+from harness.hypothesis_profiles import default_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
@@ -23,7 +24,7 @@ def _register_catch_profile() -> str:
     """The harness's profile for this run (ci under CI, else dev: the same examples drawn), without
     the shrink phase, and its name. A catch session asks whether a suite fails and what its message
     says, not for the smallest failing example, and shrinking was most of a failing property test's time."""
-    parent = "ci" if os.environ.get("CI") else "dev"
+    parent = default_profile()
     settings.register_profile(CATCH_PROFILE, settings.get_profile(parent),
                               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
     return parent
