@@ -7,7 +7,6 @@ config's stash) and the plugins registered with pytest's plugin manager,
 """
 from __future__ import annotations
 
-import os
 import random
 import shlex
 
