@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-# Imported here, before any inner session: pytester forgets the modules a session imported.
-import transformers.models.llama.modeling_llama  # noqa: F401
 
 from tests import broken_example_engines, catching
 
