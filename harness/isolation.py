@@ -130,9 +130,10 @@ def _cwd() -> str:
 
 # Variables torch's compiler stack and its OpenMP runtime add on first use to record a default
 # they computed (cache directories, toolchain paths, fork handling; KMP_INIT_AT_FORK was seen set
-# on an H200 machine); any later test would get the same value, so adding them is not taint.
+# on an H200 machine), and TEARDOWN_CUPTI, which the harness's profiler sets on first use
+# (graphs/counting.py); any later test would get the same value, so adding them is not taint.
 SET_BY_TORCH_ON_FIRST_USE = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
-                             "KMP_INIT_AT_FORK", "CUDA_HOME")
+                             "KMP_INIT_AT_FORK", "CUDA_HOME", "TEARDOWN_CUPTI")
 
 
 def _environ() -> dict[str, str]:

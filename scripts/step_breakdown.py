@@ -11,7 +11,9 @@ default grid), it prints and writes (DIR/step_breakdown.json):
   long it is busy, the summed kernel time inside the step, and the gaps between kernels;
 - the device time of the graph alone (50 replays back to back, timed by events around all of them),
   of a step in a stream (50 steps back to back), and the summed kernel time of an eager step;
-- the eager step's kernels by name (count and device time), the candidates for fusion.
+- the eager step's kernels by name (count and device time), the candidates for fusion;
+- the host time of a step before the first profile and after the last, which must agree (a
+  profiler that stays attached slows every later launch).
 
 It needs CUDA; it is a diagnosis, not a test (the benchmark lane measures what the report shows).
 """
@@ -90,13 +92,29 @@ def host_phases(runner, requests, steps=200) -> dict:
     return {name: statistics.median(values) * 1e6 for name, values in marks.items()}
 
 
+def host_step_us(runner, requests, steps=100) -> float:
+    """Median host time of a step (until it returns), the device idle at its start."""
+    import torch
+
+    samples = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.step(requests)
+        samples.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
 def device_timeline(runner, requests, steps=20) -> dict:
     """From the CUDA profiler: per step, device start after the step begins, busy span, kernel sum, gaps."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
+
+    from harness.graphs.counting import profiler
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profiler(ProfilerActivity.CPU, ProfilerActivity.CUDA) as prof:
         for index in range(steps):
             with record_function(f"step {index}"):
                 runner.step(requests)
@@ -171,18 +189,24 @@ def main() -> None:
         requests = decode_batch(factory, engine, batch)
         for _ in range(20):
             runner.step(requests)
+        before = host_step_us(runner, requests)
         floor, kernels = eager_kernels(runner, requests)
         entry = {"host phases (us, median)": host_phases(runner, requests),
                  "device timeline of a step, then wait (us, median)": device_timeline(runner, requests),
                  "back to back": stream_times(runner, requests), "eager kernel floor (us)": floor,
                  "eager kernels per step": round(sum(count for _, count, _ in kernels)),
                  "eager kernels by name (name, per step, us per step)": kernels[:40]}
+        # The profiler must leave nothing behind (harness.graphs.counting.profiler): the same
+        # step timed before any profile and after all of them.
+        entry["host step around the profiles (us, median)"] = {
+            "before the first profile": before, "after the last": host_step_us(runner, requests)}
         result["batches"][batch] = entry
         for request in requests:
             engine.release(request.request_id)
         print(f"\n== {args.preset}, batch {batch}: eager kernel floor {floor:.1f} us, "
               f"{entry['eager kernels per step']} kernels and copies per eager step")
-        for section in ("host phases (us, median)", "device timeline of a step, then wait (us, median)", "back to back"):
+        for section in ("host phases (us, median)", "device timeline of a step, then wait (us, median)", "back to back",
+                        "host step around the profiles (us, median)"):
             print(f"-- {section}")
             for name, value in entry[section].items():
                 print(f"  {value:9.1f}  {name}")
