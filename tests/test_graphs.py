@@ -285,3 +285,21 @@ def test_profiler_detaches_from_the_gpu_when_cuda_allows(monkeypatch, cuda, expl
         monkeypatch.delenv("TEARDOWN_CUPTI")
     counting.profiler(ProfilerActivity.CPU)
     assert os.environ.get("TEARDOWN_CUPTI") == expected
+
+
+def test_every_profile_goes_through_the_harness_profiler():
+    # A profile opened with torch's own profiler leaves CUPTI attached and slows every timing after
+    # it (counting.profiler); the project's code profiles only through counting.profiler.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    opened_directly = re.compile(r"\bprofile\(\s*activities|import[^\n]*\bprofile\b(?!r)")
+    offenders = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("harness", "suites", "scripts", "plugins", "reference_runtime")
+        for path in sorted((root / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if opened_directly.search(line) and path.name != "counting.py"
+    ]
+    assert not offenders, f"torch's profiler opened directly (use harness.graphs.counting.profiler): {offenders}"
