@@ -120,8 +120,12 @@ def device_timeline(runner, requests, steps=20) -> dict:
                 runner.step(requests)
                 torch.cuda.synchronize()
     events = list(prof.events())
-    marks = sorted((e for e in events if e.name.startswith("step ")), key=lambda e: e.time_range.start)
-    device = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    # record_function also leaves a device-side annotation spanning each step's GPU work: a mark,
+    # not an op (counted as one, it doubled the summed device time).
+    marks = sorted((e for e in events if e.name.startswith("step ") and e.device_type == cpu),
+                   key=lambda e: e.time_range.start)
+    device = sorted((e for e in events if e.device_type == cuda and not e.name.startswith("step ")),
                     key=lambda e: e.time_range.start)
     rows = []
     for mark in marks:
