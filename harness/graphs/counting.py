@@ -70,8 +70,8 @@ def profiler(*activities):
     slows every later launch: on the H200 a FULL step at batch 1 took 281 us of host time before a
     profile and 573 us after it (1.21 -> 1.47 ms, step then wait), so every timing taken after a
     kernel count measured the profiler. torch keeps CUPTI attached only to avoid a CUDA graph bug
-    fixed in CUDA 12.6. The variable stays set for the process (kineto did not fully honour it when it
-    was set for one profile only); an explicit TEARDOWN_CUPTI is left as it is.
+    fixed in CUDA 12.6. The variable stays set for the process (kineto did not fully honour it
+    when it was set for one profile only); an explicit TEARDOWN_CUPTI is left as it is.
     """
     from torch.profiler import profile
 
