@@ -51,10 +51,11 @@ def discover(pluginmanager=None, only: str | None = None) -> dict[str, RuntimeEn
     return entries
 
 
-def resolve(spec: str, pluginmanager=None):
-    """Turn `--runtime` into a runtime instance, or raise RuntimeLoadError with what would work."""
+def resolve(spec: str, pluginmanager=None, option: str = "--runtime"):
+    """Turn `--runtime` (or the `option` a script names) into a runtime instance, or raise
+    RuntimeLoadError with what would work."""
     if ":" in spec:
-        factory = _import_factory(spec)
+        factory = _import_factory(spec, option)
         origin = spec
     else:
         entry = discover(pluginmanager, only=spec).get(spec)
@@ -101,13 +102,13 @@ def check(runtime, origin: str) -> None:
         )
 
 
-def _import_factory(spec: str):
+def _import_factory(spec: str, option: str):
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise RuntimeLoadError(f"--runtime {spec}: module {module_name!r} failed to import: {describe_exception(exc)}") from None
+        raise RuntimeLoadError(f"{option} {spec}: module {module_name!r} failed to import: {describe_exception(exc)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise RuntimeLoadError(f"--runtime {spec}: module {module_name!r} has no attribute {attr!r}") from None
+        raise RuntimeLoadError(f"{option} {spec}: module {module_name!r} has no attribute {attr!r}") from None

@@ -16,7 +16,6 @@ reproduces from source because their module cannot be imported without a CUDA to
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
@@ -45,11 +44,14 @@ class Engine:
     policy: dict = field(default_factory=dict)  # PolicyConfig fields this engine is asked with
 
 
-def _import(spec: str):
-    module, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"--engine wants NAME=module:factory, got {spec!r}")
-    return getattr(importlib.import_module(module), attr)()
+def _load(spec: str):
+    """The runtime `--engine NAME=SPEC` names: module:factory or an installed runtime's name."""
+    from harness import registry
+
+    try:
+        return registry.resolve(spec, option="--engine")
+    except registry.RuntimeLoadError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def default_engines() -> tuple[list[Engine], list[str]]:
@@ -189,7 +191,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seqs", default="8,64,256,512", help="max_num_seqs values, comma-separated")
     parser.add_argument("--q", default="1,2", help="q values (1 + speculative tokens), comma-separated")
     parser.add_argument("--engine", action="append", default=[], metavar="NAME=module:factory",
-                        help="another runtime object to compare (its own code); may repeat")
+                        help="another runtime to compare (its own code): module:factory or an installed "
+                             "runtime's name; may repeat")
     parser.add_argument("--only-given", action="store_true", help="compare only the --engine runtimes")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # vLLM and SGLang log their config decisions at length
@@ -201,8 +204,10 @@ def main(argv=None) -> int:
     engines, missing = ([], []) if args.only_given else default_engines()
     for spec in args.engine:
         name, _, factory = spec.partition("=")
+        if not name or not factory:
+            parser.error(f"--engine wants NAME=module:factory or NAME=RUNTIME (an installed runtime), got {spec!r}")
         engines = [e for e in engines if e.name != name]
-        engines.append(Engine(name, _import(factory), f"its own code ({factory})"))
+        engines.append(Engine(name, _load(factory), f"its own code ({factory})"))
     if not engines:
         parser.error("no engine to compare")
     out = Path(args.out)
