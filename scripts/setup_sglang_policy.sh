@@ -15,23 +15,15 @@
 # wheels need a CUDA torch; the plugin reproduces their rules instead (its README says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
-pip_install() { "$PYTHON" -m pip install --quiet --no-deps "$@"; }
-
-torch_before=$("$PYTHON" -c "import torch; print(torch.__version__)") || {
-    echo "no torch installed: run scripts/install.sh first" >&2; exit 1; }
+source scripts/lib/keep_torch.sh
 
 pip_install "sglang==$SGLANG_VERSION" "triton==3.9.0"
 pip_install psutil pybase64 starlette msgspec pyzmq aiohttp multidict yarl propcache aiohappyeyeballs \
     aiosignal frozenlist
 pip_install -e plugins/sglang-policy
 
-torch_after=$("$PYTHON" -c "import torch; print(torch.__version__)")
-if [ "$torch_before" != "$torch_after" ]; then
-    echo "torch changed from $torch_before to $torch_after; this script must never replace it" >&2
-    exit 1
-fi
+check_torch_kept
 "$PYTHON" - <<'PY'
 import importlib.metadata as metadata
 import logging

@@ -13,12 +13,8 @@
 #       --report-dir reports/vllm-policy -p no:cacheprovider
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
-pip_install() { "$PYTHON" -m pip install --quiet --no-deps "$@"; }
-
-torch_before=$("$PYTHON" -c "import torch; print(torch.__version__)") || {
-    echo "no torch installed: run scripts/install.sh first" >&2; exit 1; }
+source scripts/lib/keep_torch.sh
 
 pip_install "vllm==$VLLM_VERSION"
 # What the imports need (a clean venv after scripts/install.sh lacks all of these), with vLLM's
@@ -32,11 +28,7 @@ pip_install \
     "starlette>=1.0.1" "xgrammar==0.2.8" "apache-tvm-ffi==0.1.11" "llguidance>=1.7.0,<1.8.0"
 pip_install -e plugins/vllm-policy
 
-torch_after=$("$PYTHON" -c "import torch; print(torch.__version__)")
-if [ "$torch_before" != "$torch_after" ]; then
-    echo "torch changed from $torch_before to $torch_after; this script must never replace it" >&2
-    exit 1
-fi
+check_torch_kept
 "$PYTHON" - <<'EOF'
 import importlib.metadata as metadata
 import logging
