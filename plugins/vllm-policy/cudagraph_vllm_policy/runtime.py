@@ -82,6 +82,12 @@ class VllmPolicyRuntime:
         self.version = f"{__version__} (vLLM {vllm.__version__})"
         self._model = ModelConfig(model=str(MODEL_DIR), skip_tokenizer_init=True, dtype="float32")
         self._dispatcher = lru_cache(maxsize=256)(self._build_dispatcher)
+        # vLLM imports modules lazily, and some set environment variables as they load (vLLM 0.33's
+        # vllm._aiter_ops sets AITER_SITUV2_A4W4 on CPU too): one question per runner here loads
+        # them before the first test, so the harness's isolation check does not see the first test
+        # that asks as changing the process's environment.
+        for runner in ("v1", "v2"):
+            self.capture_sizes(p.PolicyConfig(runner=runner))
 
     # -- vLLM configs --------------------------------------------------------------------
     @contextlib.contextmanager
