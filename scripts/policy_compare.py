@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness import registry  # noqa: E402
 from harness.protocol import PolicyConfig  # noqa: E402
 from harness.vocabulary import waste_percent  # noqa: E402
 
@@ -45,13 +46,9 @@ class Engine:
 
 
 def _load(spec: str):
-    """The runtime `--engine NAME=SPEC` names: module:factory or an installed runtime's name."""
-    from harness import registry
-
-    try:
-        return registry.resolve(spec, option="--engine")
-    except registry.RuntimeLoadError as exc:
-        raise SystemExit(str(exc)) from None
+    """The runtime SPEC names: module:factory or an installed runtime's name (harness.registry,
+    which raises RuntimeLoadError with what went wrong)."""
+    return registry.resolve(spec, option="--engine")
 
 
 def default_engines() -> tuple[list[Engine], list[str]]:
@@ -80,11 +77,11 @@ def default_engines() -> tuple[list[Engine], list[str]]:
     except Exception as exc:
         missing.append(f"SGLang: not importable ({type(exc).__name__}: {exc}); bash scripts/setup_sglang_policy.sh")
     try:
-        bucket = _import("bucket_engine.runtime:BucketRuntime")
+        bucket = _load("bucket_engine.runtime:BucketRuntime")
         engines.append(Engine("bucket engine", bucket, f"its own code (bucket_engine.runtime:BucketRuntime {bucket.version})"))
-    except Exception as exc:
-        missing.append(f"bucket engine: not importable ({type(exc).__name__}); add examples/bucket_engine to the "
-                       "path or pass --engine 'bucket engine=bucket_engine.runtime:BucketRuntime'")
+    except registry.RuntimeLoadError as exc:
+        missing.append(f"bucket engine: not importable ({str(exc).splitlines()[0]}); add examples/bucket_engine to "
+                       "the path or pass --engine 'bucket engine=bucket_engine.runtime:BucketRuntime'")
     return engines, missing
 
 
@@ -207,7 +204,10 @@ def main(argv=None) -> int:
         if not name or not factory:
             parser.error(f"--engine wants NAME=module:factory or NAME=RUNTIME (an installed runtime), got {spec!r}")
         engines = [e for e in engines if e.name != name]
-        engines.append(Engine(name, _load(factory), f"its own code ({factory})"))
+        try:
+            engines.append(Engine(name, _load(factory), f"its own code ({factory})"))
+        except registry.RuntimeLoadError as exc:
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
     if not engines:
         parser.error("no engine to compare")
     out = Path(args.out)

@@ -148,3 +148,18 @@ def test_the_step_breakdown_script_says_it_needs_a_gpu():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "needs a CUDA device" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_the_policy_comparison_loads_its_engines(tmp_path):
+    """scripts/policy_compare.py: the default engines (the bucket engine among them, loaded through
+    harness.registry) and a bad --engine, which is one line and exit 2."""
+    script = str(ROOT / "scripts" / "policy_compare.py")
+    result = subprocess.run([sys.executable, script, "--seqs", "8", "--q", "1", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    summary = (tmp_path / "README.md").read_text()
+    assert "- **bucket engine**: its own code" in summary and "| bucket engine |" in summary, summary[:3000]
+    bad = subprocess.run([sys.executable, script, "--only-given", "--engine", "mine=no_such_module:make",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert bad.returncode == 2 and "--engine no_such_module:make: module 'no_such_module' failed to import" in bad.stderr
+    assert "Traceback" not in bad.stderr
