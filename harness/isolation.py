@@ -132,8 +132,8 @@ def _cwd() -> str:
 # they computed (cache directories, toolchain paths, fork handling; KMP_INIT_AT_FORK was seen set
 # on an H200 machine), and TEARDOWN_CUPTI, which the harness's profiler sets on first use
 # (graphs/counting.py); any later test would get the same value, so adding them is not taint.
-SET_BY_TORCH_ON_FIRST_USE = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
-                             "KMP_INIT_AT_FORK", "CUDA_HOME", "TEARDOWN_CUPTI")
+SET_ON_FIRST_USE = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK",
+                    "KMP_INIT_AT_FORK", "CUDA_HOME", "TEARDOWN_CUPTI")
 
 
 def _environ() -> dict[str, str]:
@@ -142,7 +142,7 @@ def _environ() -> dict[str, str]:
 
 
 def _without_first_use(before: dict, after: dict) -> dict:
-    return {k: v for k, v in after.items() if k in before or not k.startswith(SET_BY_TORCH_ON_FIRST_USE)}
+    return {k: v for k, v in after.items() if k in before or not k.startswith(SET_ON_FIRST_USE)}
 
 
 def _show_environ(before: dict, after: dict) -> str:
