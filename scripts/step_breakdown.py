@@ -53,7 +53,6 @@ def decode_batch(factory, engine, batch: int, context: int = 128):
 
 def host_phases(runner, requests, steps=200) -> dict:
     """Medians, in microseconds, of the host's phases of a step (each wrapped with a timer)."""
-    import torch
     from reference_runtime.engine import runner as runner_module
 
     marks: dict[str, list[float]] = defaultdict(list)
@@ -75,15 +74,8 @@ def host_phases(runner, requests, steps=200) -> dict:
     for graph, launch in launches:
         graph._launch = timed("graph launch call (replay)", launch)
     try:
-        for _ in range(steps):
-            start = time.perf_counter()
-            out = runner.step(requests)
-            issued = time.perf_counter()
-            torch.cuda.synchronize()
-            done = time.perf_counter()
-            marks["whole step on the host (until it returns)"].append(issued - start)
-            marks["waiting for the device after the step returned"].append(done - issued)
-            marks["step, then wait (what the benchmark's FULL column times)"].append(done - start)
+        times, out = synced_steps(runner, requests, steps)
+        marks.update(times)
     finally:
         runner_module.plan_layout, runner.buffers.load, runner.dispatcher.dispatch = plan, load, dispatch
         for graph, launch in launches:
@@ -92,18 +84,31 @@ def host_phases(runner, requests, steps=200) -> dict:
     return {name: statistics.median(values) * 1e6 for name, values in marks.items()}
 
 
-def host_step_us(runner, requests, steps=100) -> float:
-    """Median host time of a step (until it returns), the device idle at its start."""
+HOST_STEP = "whole step on the host (until it returns)"
+
+
+def synced_steps(runner, requests, steps) -> tuple[dict[str, list[float]], object]:
+    """Seconds of each of `steps` steps, each followed by a device synchronisation (on the host
+    until it returns, waiting for the device after it, and both), and the last step's output."""
     import torch
 
-    samples = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        runner.step(requests)
-        samples.append(time.perf_counter() - start)
+    times: dict[str, list[float]] = defaultdict(list)
     torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = runner.step(requests)
+        issued = time.perf_counter()
+        torch.cuda.synchronize()
+        done = time.perf_counter()
+        times[HOST_STEP].append(issued - start)
+        times["waiting for the device after the step returned"].append(done - issued)
+        times["step, then wait (what the benchmark's FULL column times)"].append(done - start)
+    return times, out
+
+
+def host_step_us(runner, requests, steps=100) -> float:
+    """Median host time of a step (until it returns), the device idle at its start."""
+    return statistics.median(synced_steps(runner, requests, steps)[0][HOST_STEP]) * 1e6
 
 
 def device_timeline(runner, requests, steps=20) -> dict:
@@ -144,6 +149,8 @@ def device_timeline(runner, requests, steps=20) -> dict:
 def stream_times(runner, requests, repeats=50) -> dict:
     import torch
 
+    from harness.timing import in_a_stream_ms
+
     graph = next(g for key, g in runner.full_graphs.items() if key.num_tokens == runner.last_layout.num_tokens
                  and key.uniform == (runner.last_layout.uniform_q is not None))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -154,12 +161,7 @@ def stream_times(runner, requests, repeats=50) -> dict:
     end.record()
     torch.cuda.synchronize()
     replay = start.elapsed_time(end) / repeats * 1e3
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(repeats):
-        runner.step(requests)
-    torch.cuda.synchronize()
-    stream = (time.perf_counter() - begin) / repeats * 1e6
+    stream = in_a_stream_ms(lambda: runner.step(requests), repeats, repeats=1) * 1e3
     return {"graph replays back to back, device time per replay (us)": replay,
             "steps back to back, per step (us)": stream}
 

@@ -23,6 +23,7 @@ from harness.batches import decode_requests, prefill
 from harness.graphs import counting
 from harness.graphs.log import timed_replays
 from harness.records import Batch1Speedup, Capture, Latency
+from harness.timing import in_a_stream_ms
 
 INVARIANT = "launch overhead"
 pytestmark = pytest.mark.requires("execution")
@@ -67,7 +68,7 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
     stats = benchmark.stats.stats
     replay_ms = pipelined_ms = None
     if out.runtime_mode != "NONE":  # an eager step launches every kernel from the host: no stream to gain
-        pipelined_ms = pipelined(engine.engine, requests)
+        pipelined_ms = in_a_stream_ms(lambda: engine.engine.step(requests), ROUNDS)
         replay_ms = replays_in_a_stream(engine.engine, requests)
     counted = counting.count(step, "cuda")
     kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
@@ -90,24 +91,11 @@ def replays_in_a_stream(engine, requests) -> float | None:
     """Median device time of one step's graph replays, the steps issued back to back: a replay
     timed after a synchronised step would also time the host launching it onto an idle device."""
     with timed_replays() as times:
-        pipelined(engine, requests, repeats=1)
+        in_a_stream_ms(lambda: engine.step(requests), ROUNDS, repeats=1)
     per_step = len(times) // ROUNDS
     if not per_step:
         return None
     return statistics.median(sum(times[i:i + per_step]) for i in range(0, per_step * ROUNDS, per_step))
-
-
-def pipelined(engine, requests, steps=ROUNDS, repeats=3) -> float:
-    """Median over repeats of the time per step of `steps` steps issued back to back."""
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine.step(requests)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / steps)
-    return statistics.median(times) * 1e3
 
 
 def median_ms(fn, rounds=ROUNDS, warmup=5):

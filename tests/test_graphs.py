@@ -303,3 +303,16 @@ def test_every_profile_goes_through_the_harness_profiler():
         if opened_directly.search(line) and path.name != "counting.py"
     ]
     assert not offenders, f"torch's profiler opened directly (use harness.graphs.counting.profiler): {offenders}"
+
+
+def test_steps_in_a_stream_are_timed_per_step_between_two_synchronisations(monkeypatch):
+    # harness.timing.in_a_stream_ms: the benchmark lane's "in a stream" figure and the step breakdown's.
+    import time
+
+    from harness.timing import in_a_stream_ms
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+    per_step = in_a_stream_ms(lambda: (events.append("step"), time.sleep(0.002)), steps=4, repeats=3)
+    assert events == (["sync"] + ["step"] * 4 + ["sync"]) * 3
+    assert 2.0 <= per_step < 50.0  # milliseconds per step, not per run of four
