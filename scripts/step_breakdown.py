@@ -6,7 +6,8 @@ For each batch, with the benchmark lane's engine (bf16, CUDA graphs, FULL_AND_PI
 default grid), it prints and writes (DIR/step_breakdown.json):
 
 - host phases of a FULL step, timed on the host (medians of 200 steps): dispatch, layout,
-  loading the static buffers, the graph launch call, copying the logits out, waiting for the device;
+  staging the inputs in pinned host memory (the FULL graph copies them in as its first nodes),
+  the graph launch call, waiting for the device;
 - the device timeline from the CUDA profiler: when the device starts after the step begins, how
   long it is busy, the summed kernel time inside the step, and the gaps between kernels;
 - the device time of the graph alone (50 replays back to back, timed by events around all of them),
@@ -65,9 +66,9 @@ def host_phases(runner, requests, steps=200) -> dict:
             return result
         return wrapper
 
-    plan, load, dispatch = runner_module.plan_layout, runner.buffers.load, runner.dispatcher.dispatch
+    plan, stage, dispatch = runner_module.plan_layout, runner.buffers.stage, runner.dispatcher.dispatch
     runner_module.plan_layout = timed("layout (plan_layout)", plan)
-    runner.buffers.load = timed("static buffers (load: one copy, one scatter)", load)
+    runner.buffers.stage = timed("inputs into pinned host memory (stage)", stage)
     runner.dispatcher.dispatch = timed("dispatch", dispatch)
     graphs = list(runner.full_graphs.values())
     launches = [(g, g._launch) for g in graphs]
@@ -77,7 +78,7 @@ def host_phases(runner, requests, steps=200) -> dict:
         times, out = synced_steps(runner, requests, steps)
         marks.update(times)
     finally:
-        runner_module.plan_layout, runner.buffers.load, runner.dispatcher.dispatch = plan, load, dispatch
+        runner_module.plan_layout, runner.buffers.stage, runner.dispatcher.dispatch = plan, stage, dispatch
         for graph, launch in launches:
             graph._launch = launch
     assert out.runtime_mode == "FULL", out.runtime_mode

@@ -111,13 +111,13 @@ class _StaleTablesOnRankOne(ModelRunner):
     def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None):
         if mode is CUDAGraphMode.NONE or self.config.data_parallel[0] != 1:
             return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
-        buffers, tables = self.buffers, self.buffers.block_tables.clone()
-        load = buffers.load
-        buffers.load = lambda layout: (load(layout), buffers.block_tables.copy_(tables))
+        buffers, tables = self.buffers, self.buffers.block_tables.tolist()
+        stage = buffers.stage
+        buffers.stage = lambda layout, rows=None: stage(replace(layout, block_tables=tables[: layout.num_reqs]), rows)
         try:
             return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
         finally:
-            buffers.load = load
+            buffers.stage = stage
 
 
 def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner, policy: bool = True,

@@ -56,15 +56,14 @@ class _StaleBlockTables(_GraphStep):
 
     def __init__(self, config):
         super().__init__(config)
-        load = self.buffers.load
+        stage = self.buffers.stage
 
-        def load_keeping_tables(layout):
-            tables = self.buffers.block_tables.clone()
-            load(layout)
-            if self._graph_step:
-                self.buffers.block_tables.copy_(tables)
+        def stage_keeping_tables(layout, rows=None):
+            if self._graph_step:  # what the buffer holds now, not the step's tables
+                layout = replace(layout, block_tables=self.buffers.block_tables[: layout.num_reqs].tolist())
+            return stage(layout, rows)
 
-        self.buffers.load = load_keeping_tables
+        self.buffers.stage = stage_keeping_tables
 
 
 class _NewInputTensors(_GraphStep):
@@ -73,14 +72,15 @@ class _NewInputTensors(_GraphStep):
 
     def __init__(self, config):
         super().__init__(config)
-        load = self.buffers.load
+        stage = self.buffers.stage
 
-        def load_into_new_tensor(layout):
-            load(layout)
+        def stage_into_new_tensor(layout, rows=None):
+            staged = stage(layout, rows)
             if self._graph_step:
                 self.buffers.input_ids = self.buffers.input_ids.clone()
+            return staged
 
-        self.buffers.load = load_into_new_tensor
+        self.buffers.stage = stage_into_new_tensor
 
     def capture(self):
         summary = super().capture()
@@ -121,15 +121,14 @@ class _StalePaddedPositions(ModelRunner):
 
     def __init__(self, config):
         super().__init__(config)
-        load = self.buffers.load
+        stage = self.buffers.stage
 
-        def load_leaving_padding(layout):
-            previous = self.buffers.positions.clone()
-            load(layout)
-            pad = slice(layout.num_real_tokens, layout.num_tokens)
-            self.buffers.positions[pad].copy_(previous[pad])
+        def stage_leaving_padding(layout, rows=None):
+            real, size = layout.num_real_tokens, layout.num_tokens
+            left = self.buffers.positions[real:size].tolist()  # what an earlier step left there
+            return stage(replace(layout, positions=layout.positions[:real] + left), rows)
 
-        self.buffers.load = load_leaving_padding
+        self.buffers.stage = stage_leaving_padding
 
 
 class _IgnoresPaddingFills(ModelRunner):
@@ -397,16 +396,14 @@ class _CapturesInService(ModelRunner):
         self.capture_summary = CaptureSummary({"FULL": 0, "PIECEWISE": 0}, 0.001, None, {}, [], self.graphs.name)
         return self.capture_summary
 
-    def _execute(self, layout, mode, key):
+    def _load_and_execute(self, layout, mode, key):
         if mode is CUDAGraphMode.FULL and key not in self.full_graphs:
             with self.capture_phase():
                 self._capture_full(key)
-            self.buffers.load(self.last_layout)
         if mode is CUDAGraphMode.PIECEWISE and layout.num_tokens not in self.piece_graphs:
             with self.capture_phase():
                 self._capture_pieces(layout.num_tokens)
-            self.buffers.load(self.last_layout)
-        return super()._execute(layout, mode, key)
+        return super()._load_and_execute(layout, mode, key)
 
 
 def _engine_mutant(name: str, engine_class: type) -> type:

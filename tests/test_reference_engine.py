@@ -9,7 +9,7 @@ import torch
 
 from harness.presets import seeded_model
 from harness.serving import generate
-from reference_runtime.engine.buffers import Request
+from reference_runtime.engine.buffers import Request, plan_layout
 from reference_runtime.engine.runner import ModelRunner, RunnerConfig
 from harness.graphs import CaptureError, StaleAddressError
 from reference_runtime.policy import PolicyConfig
@@ -114,6 +114,46 @@ def test_padded_rows_write_no_kv_slot(graph_backend):
     changed = {s for s in range(r.cache.num_slots) if not torch.equal(after[:, :, s], before[:, :, s])}
     assert changed <= written, f"padded rows wrote slots {sorted(changed - written)}"
     assert r.cache.num_slots - 1 not in changed  # where a -1 index would wrap
+
+
+def test_a_full_step_copies_its_inputs_inside_the_graph():
+    """A FULL step only stages its inputs on the host and launches the graph, whose first nodes
+    copy them in; outside the graph it copies the logits out, nothing else. Another step then
+    gets its own inputs, a mixed one too (its padded request rows staged at the graph's extent)."""
+    from harness.graphs import counting
+
+    r = runner(mode="FULL")
+    r.capture()
+    r.step([Request(0, (1, 2, 3), 0), Request(1, (4, 5), 0)])
+    for requests in ([Request(0, (4,), 3)], [Request(0, (5,), 4), Request(1, (7, 8), 2)]):
+        counted = counting.count(lambda: r.step(requests), "cpu")
+        assert (counted.kernels, counted.graphs, counted.copies) == (1, 1, 1), counted
+        graph = r.step(requests)
+        assert graph.runtime_mode == "FULL"
+        assert torch.equal(graph.logits, r.eager_step(requests, graph.padded_num_tokens).logits)
+
+
+def test_staging_refuses_more_rows_than_the_graph_copies():
+    r = runner(mode="FULL")
+    layout = plan_layout([Request(0, (1,), 0), Request(1, (2,), 0)], r.allocator, 2, 1, r.max_rows)
+    with pytest.raises(ValueError, match="2 request rows does not fit the 1 rows staged"):
+        r.buffers.stage(layout, rows=1)
+
+
+@pytest.mark.parametrize("graph_backend", BACKENDS)
+def test_steps_issued_back_to_back_each_read_their_own_inputs(graph_backend):
+    """No synchronisation between steps: each stages while the device may still run the last, so
+    the pinned buffer must not be rewritten before the graph that reads it has copied it."""
+    r = runner(graph_backend, "FULL_AND_PIECEWISE")
+    r.capture()
+    r.step([Request(i, tuple(range(1, 9)), 0) for i in range(4)])
+    batches = [[Request(i, (10 + step + i,), 8 + step) for i in range(1 + step % 4)] for step in range(24)]
+    outputs = [r.step(requests) for requests in batches]  # issued back to back, compared after
+    for step, (requests, out) in enumerate(zip(batches, outputs)):
+        assert out.runtime_mode == "FULL"
+        # The KV the step wrote is there now; rewriting it with the same values changes nothing.
+        eager = r.eager_step(requests, out.padded_num_tokens)
+        assert torch.equal(out.logits, eager.logits), f"step {step} read another step's inputs"
 
 
 def test_capture_order_counts_and_phase():

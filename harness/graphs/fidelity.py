@@ -238,6 +238,17 @@ def host_tensor_to_device(cg, device):
     return _step(cg, device, lambda x: x + offsets.to(device), lambda: offsets.fill_(1.0))
 
 
+@row(RIGHT, "a non-blocking copy from pinned host memory is a memcpy node: each replay copies what the host "
+     "buffer holds then (how the reference engine's FULL graphs take their inputs)")
+def pinned_host_copy(cg, device):
+    host = torch.zeros(4, pin_memory=torch.cuda.is_available())
+    staging = torch.zeros(4, device=device)
+    graph, out = _capture(cg, lambda: staging.copy_(host, non_blocking=True) * 2)
+    host.copy_(_data(1, "cpu"))
+    graph.replay()
+    return out, host.to(device) * 2
+
+
 @row(WRONG, "capture records kernels without running them: the output holds whatever its memory held")
 def output_read_after_capture(cg, device):
     x = _data(7, device)

@@ -4,6 +4,7 @@ inputs of the last step. None of it is on the path a step takes in service.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -12,35 +13,36 @@ from harness.vocabulary import PADDING_FILLS
 
 @contextmanager
 def padding_filled(runner, layout, fill: str | None):
-    """Other values in the padded rows for one step: real rows must not change (spec section 7).
+    """The layout with other values in its padded rows, for one step: real rows must not change
+    (spec section 7).
 
     "zeros": token id 0 and position 0. "random": random valid token ids and positions. "nan" and
     "inf": random ids and positions, and the KV that only padded rows read (the null block and
     the scratch slot) holds NaN or inf for the step. The slot mapping stays -1: padded rows must
-    still write nothing.
+    still write nothing. The fill goes into the layout, not the buffers: a FULL graph copies its
+    inputs in itself.
     """
     n, size = layout.num_real_tokens, layout.num_tokens
     if fill is None or size == n:
-        yield
+        yield layout
         return
     if fill not in PADDING_FILLS:
         raise ValueError(f"padding_fill must be one of {', '.join(PADDING_FILLS)}, got {fill!r}")
     generator = torch.Generator().manual_seed(size)
     pad = size - n
     if fill == "zeros":
-        ids = positions = torch.zeros(pad, dtype=torch.long)
+        ids = positions = [0] * pad
     else:
-        ids = torch.randint(0, runner.model.vocab, (pad,), generator=generator)
-        positions = torch.randint(0, runner.config.max_model_len, (pad,), generator=generator)
-    runner.buffers.input_ids[n:size].copy_(ids)
-    runner.buffers.positions[n:size].copy_(positions)
+        ids = torch.randint(0, runner.model.vocab, (pad,), generator=generator).tolist()
+        positions = torch.randint(0, runner.config.max_model_len, (pad,), generator=generator).tolist()
+    filled = replace(layout, input_ids=layout.input_ids[:n] + ids, positions=layout.positions[:n] + positions)
     cache = runner.cache
     null_block = cache.data[:, :, : cache.block_size]
     if fill in ("nan", "inf"):
         null_block.fill_(float(fill))
         cache.data[:, :, cache.scratch_slot].fill_(float(fill))
     try:
-        yield
+        yield filled
     finally:
         if fill in ("nan", "inf"):
             null_block.zero_()

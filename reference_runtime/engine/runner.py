@@ -2,8 +2,9 @@
 
 Capture follows vLLM: an eager warm-up per size, PIECEWISE graphs before FULL ones, the
 largest size first, every graph in one memory pool, the garbage collector frozen meanwhile.
-After the capture phase no graph can be added. A step copies its data into the static buffers,
-picks a graph through the dispatcher, replays it, and returns a copy of the real rows.
+After the capture phase no graph can be added. A step picks a graph through the dispatcher,
+copies its data into the static buffers (a FULL graph does that copy as its first nodes),
+replays, and returns a copy of the real rows.
 
 What is not that path lives beside it: the memory budget (memory.py), the hooks the harness
 uses to look inside (inspection.py), and compiling the pieces (compiled.py).
@@ -213,10 +214,21 @@ class ModelRunner:
         self.piece_graphs[n] = graphs
 
     def _capture_full(self, key) -> None:
-        meta = self.buffers.metadata(self._load_dummy(key.num_tokens, uniform=key.uniform))
+        layout = self._load_dummy(key.num_tokens, uniform=key.uniform)
+        meta = self.buffers.metadata(layout)
         self._forward(meta)  # warm-up
-        self.full_graphs[key] = self.graphs.capture(lambda: self._forward(meta), static_inputs=self.graph_inputs(),
-                                                    name=f"FULL {key}")
+        staged = self.buffers.stage(layout, rows=self.full_rows(key))
+
+        def step():  # the graph copies its inputs in itself (buffers.py)
+            self.buffers.transfer(staged)
+            return self._forward(meta)
+        self.full_graphs[key] = self.graphs.capture(step, static_inputs=self.graph_inputs(), name=f"FULL {key}")
+
+    def full_rows(self, key) -> int:
+        """The request rows a FULL graph copies in, fixed at capture: n / q in a uniform layout; in a
+        mixed one at most a row per token and the padding's dummy row."""
+        n = key.num_tokens
+        return n // self.q if key.uniform else min(n + 1, self.max_rows)
 
     # -- steps ------------------------------------------------------------------------------
     def step(self, requests: list[Request], padding_fill: str | None = None) -> StepOutput:
@@ -246,12 +258,18 @@ class ModelRunner:
     @torch.inference_mode()
     def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None) -> StepOutput:
         layout = plan_layout(list(requests), self.allocator, size, self.q, self.max_rows, uniform=layout_uniform)
-        self.buffers.load(layout)
-        self.last_layout = layout
         if padding_fill is None:
-            return self._execute(layout, mode, key)
-        with inspection.padding_filled(self, layout, padding_fill):
-            return self._execute(layout, mode, key)
+            return self._load_and_execute(layout, mode, key)
+        with inspection.padding_filled(self, layout, padding_fill) as filled:
+            return self._load_and_execute(filled, mode, key)
+
+    def _load_and_execute(self, layout, mode, key) -> StepOutput:
+        if mode is CUDAGraphMode.FULL:
+            self.buffers.stage(layout, rows=self.full_rows(key))  # the graph's first nodes copy it in
+        else:
+            self.buffers.load(layout)
+        self.last_layout = layout
+        return self._execute(layout, mode, key)
 
     def _execute(self, layout, mode, key) -> StepOutput:
         n = layout.num_real_tokens
