@@ -123,21 +123,28 @@ def batch_invariance_rows(run: dict) -> list[dict]:
     return [buckets[key] for key in sorted(buckets)]
 
 
-def _benchmarks(runs: list[dict]) -> dict[tuple, tuple[str, float, bool, float]]:
-    """(kind, preset, mode, batch or workload) -> (metric, value, higher_is_worse, coefficient of
-    variation or 0). Only like is compared with like: the same model, and for serving the same
-    number of requests (the stream's other parameters are fixed by the harness)."""
+HOST_PACED = 2.0  # a step taking over twice its kernels' device time is paced by the host, not the device
+
+
+def _benchmarks(runs: list[dict]) -> dict[tuple, dict]:
+    """(kind, preset, mode, batch or workload) -> the figure: metric, value, higher_is_worse, cv (its
+    coefficient of variation, or 0), and for a step paced by the host the host's reference time
+    (host_ms, None otherwise). Only like is compared with like: the same model, and for serving
+    the same number of requests (the stream's other parameters are fixed by the harness)."""
     found = {}
     for run in runs:
         preset = bench_preset(run)
         for e in recorded(run, "latency"):
             if e.get("step_ms_median"):
-                found[("latency", preset, e.get("mode"), e.get("batch"))] = (
-                    "step_ms_median", e["step_ms_median"], True, e.get("step_ms_cv") or 0.0)
+                paced = bool(e.get("eager_kernel_ms")) and e["step_ms_median"] >= HOST_PACED * e["eager_kernel_ms"]
+                found[("latency", preset, e.get("mode"), e.get("batch"))] = {
+                    "metric": "step_ms_median", "value": e["step_ms_median"], "higher_is_worse": True,
+                    "cv": e.get("step_ms_cv") or 0.0, "host_ms": e.get("host_ref_ms") if paced else None}
         for e in recorded(run, "serving"):
             if e.get("output_tok_s"):
-                found[("serving", preset, e.get("mode"), f"{e.get('requests')} requests")] = (
-                    "output_tok_s", e["output_tok_s"], False, 0.0)
+                found[("serving", preset, e.get("mode"), f"{e.get('requests')} requests")] = {
+                    "metric": "output_tok_s", "value": e["output_tok_s"], "higher_is_worse": False,
+                    "cv": 0.0, "host_ms": None}
     return found
 
 
@@ -145,26 +152,48 @@ def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: floa
     """Entries where a current run is worse than the baseline by more than `threshold` (a fraction)
     and by more than the noise both runs measured (twice their coefficients of variation added):
     latency medians higher, serving throughput lower. Matched as _benchmarks keys them: the same
-    model preset, mode, and batch (latency) or request count (serving)."""
+    model preset, mode, and batch (latency) or request count (serving).
+
+    A step paced by the host in both runs is also read beside the host's reference time of each
+    (harness.timing.host_reference_ms): where the host ran slower by `host_ratio` and the figure,
+    divided by that, is within the bar, the entry carries `host_explains=True`. It is reported, and
+    `counted` leaves it out: the code did not get slower, the machine did."""
     regressions = []
     for run, label in zip(current_runs, run_labels(current_runs)):
         # A baseline of the same runtime is the one to beat; otherwise whatever baseline was given.
         same = [b for b in baseline_runs if b.get("runtime") == run.get("runtime")] or baseline_runs
         baseline = _benchmarks(same)
-        for key, (metric, value, higher_is_worse, cv) in _benchmarks([run]).items():
+        for key, now in _benchmarks([run]).items():
             if key not in baseline:
                 continue
-            _, before, _, before_cv = baseline[key]
-            change = (value - before) / before if higher_is_worse else (before - value) / before
-            bar = max(threshold, 2 * (cv + before_cv))
+            before = baseline[key]
+            value, was = now["value"], before["value"]
+            change = (value - was) / was if now["higher_is_worse"] else (was - value) / was
+            bar = max(threshold, 2 * (now["cv"] + before["cv"]))
             if change > bar:
                 kind, _preset, mode, where = key  # where: the batch, or "N requests" for serving
-                regressions.append({"run": label, "kind": kind, "mode": mode, "batch": where, "metric": metric,
-                                    "baseline": before, "current": value, "change": change, "bar": bar})
+                entry = {"run": label, "kind": kind, "mode": mode, "batch": where, "metric": now["metric"],
+                         "baseline": was, "current": value, "change": change, "bar": bar}
+                if now["host_ms"] and before["host_ms"]:
+                    ratio = now["host_ms"] / before["host_ms"]
+                    entry.update(host_ratio=ratio, host_explains=(value / ratio - was) / was <= bar)
+                regressions.append(entry)
     return regressions
+
+
+def counted(regressions: list[dict]) -> list[dict]:
+    """The regressions that count against the code: all but those the host's own slowdown explains."""
+    return [r for r in regressions if not r.get("host_explains")]
 
 
 def describe_regression(r: dict) -> str:
     where = f"{r['kind']} {r['mode']}" + (f" batch {r['batch']}" if r["kind"] == "latency" else f", {r['batch']}")
     return (f"{r['run']}: {where}: {r['metric']} {r['baseline']:.3f} -> {r['current']:.3f} "
-            f"({100 * r['change']:.1f}% worse)")
+            f"({100 * r['change']:.1f}% worse)" + _host_note(r))
+
+
+def _host_note(r: dict) -> str:
+    if "host_ratio" not in r:
+        return ""
+    speed = f"the host's reference loop took {r['host_ratio']:.2f}x its baseline time"
+    return f"; {speed}, which explains it (a host-paced step)" if r["host_explains"] else f"; {speed}"

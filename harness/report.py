@@ -127,7 +127,8 @@ class RunReport:
         self.finished = True
         self.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         self.write()
-        if self.regressions and self.config.getoption("fail_on_regression", False) and session.exitstatus == 0:
+        if render.counted(self.regressions) and self.config.getoption("fail_on_regression", False) \
+                and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -139,7 +140,7 @@ class RunReport:
             return
         beyond = f"beyond {100 * self.threshold:.0f}%"
         if self.regressions:
-            terminalreporter.section(f"regressions against baseline ({beyond})", red=True)
+            terminalreporter.section(f"regressions against baseline ({beyond})", red=bool(render.counted(self.regressions)))
             for regression in self.regressions:
                 terminalreporter.write_line(render.describe_regression(regression))
         else:

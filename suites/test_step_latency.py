@@ -23,7 +23,7 @@ from harness.batches import decode_requests, prefill
 from harness.graphs import counting
 from harness.graphs.log import timed_replays
 from harness.records import Batch1Speedup, Capture, Latency
-from harness.timing import in_a_stream_ms
+from harness.timing import host_reference_ms, in_a_stream_ms
 
 INVARIANT = "launch overhead"
 pytestmark = pytest.mark.requires("execution")
@@ -64,7 +64,11 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
     requests = decode_requests(contexts(bench_engines, engine)[:batch])
     step = synced(engine, requests)
     out = step()
+    # How fast the host ran around the timing, for reading a host-paced figure against another run's
+    # (a lent machine's host speed drifts within seconds, so before and after, averaged).
+    host_before = host_reference_ms()
     benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
+    host_ms = (host_before + host_reference_ms()) / 2
     stats = benchmark.stats.stats
     replay_ms = pipelined_ms = None
     if out.runtime_mode != "NONE":  # an eager step launches every kernel from the host: no stream to gain
@@ -77,7 +81,7 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
                       step_ms_cv=stats.stddev / stats.mean if stats.mean else None, replay_ms_median=replay_ms,
                       pipelined_ms=pipelined_ms,
                       eager_kernel_ms=kernel_us / 1e3, kernel_launches=counted.kernels, graph_launches=counted.graphs,
-                      memcpy_calls=counted.copies, rounds=stats.rounds)
+                      memcpy_calls=counted.copies, rounds=stats.rounds, host_ref_ms=host_ms)
     benchmark.extra_info.update(latency.as_dict())
     record(latency)
     if mode != "eager" and batch == BATCHES[0]:

@@ -406,6 +406,49 @@ def test_a_regression_must_exceed_the_measured_noise():
     assert regression["bar"] == 0.10 and round(regression["change"], 2) == 0.15
 
 
+
+def host_run(host_ms, eager_ms=6.0, full_ms=1.0):
+    """A run whose eager step (kernel floor 0.8 ms) is paced by the host; FULL at 1.0-1.5 ms is not."""
+    def entry(mode, ms):
+        return measured("latency", {"mode": mode, "batch": 1, "padded": 1, "runtime_mode": mode.upper(),
+                                    "step_ms_median": ms, "step_ms_min": ms, "step_ms_cv": 0.0,
+                                    "eager_kernel_ms": 0.8, "host_ref_ms": host_ms},
+                        nodeid=f"suites/test_step_latency.py::test_decode_step_latency[reference-{mode}-b=1]")
+    return make_run([entry("eager", eager_ms), entry("full", full_ms)])
+
+
+def test_a_host_paced_figure_that_slowed_with_the_host_is_reported_not_counted(tmp_path, capsys):
+    """The host's reference loop 2x slower: the eager step (paced by the host) 2x slower is the
+    machine's doing, reported apart and not failing the run; FULL 50% slower (device-paced) counts."""
+    baseline, current = host_run(4.0), host_run(8.0, eager_ms=12.0, full_ms=1.5)
+    found = {r["mode"]: r for r in measurements.compare([current], [baseline], 0.10)}
+    assert found["eager"]["host_explains"] and round(found["eager"]["host_ratio"], 2) == 2.0
+    assert "host_ratio" not in found["full"]  # a device-paced figure is never excused by the host
+    assert measurements.counted(list(found.values())) == [found["full"]]
+    markdown = render_runs(tmp_path, current, regressions=list(found.values()))
+    assert "1 beyond 10%:\n\n- reference @ H200: latency full batch 1" in markdown
+    assert ("1 more beyond it, paced by the host" in markdown
+            and "took 2.00x its baseline time, which explains it (a host-paced step)" in markdown)
+    # Through the command line: only the host-paced one left, so --fail-on-regression passes.
+    base, run = write_json(tmp_path / "b.json", baseline), write_json(tmp_path / "r.json", host_run(8.0, 12.0))
+    assert render.main([run, "--out", str(tmp_path / "o"), "--baseline", base, "--fail-on-regression"]) == 0
+    assert "host-paced, not counted: reference @ H200: latency eager batch 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("baseline, current", [
+    (host_run(4.0), host_run(4.0, eager_ms=12.0)),  # the host as fast as before: the code got slower
+    (host_run(4.0), host_run(4.8, eager_ms=12.0)),  # 1.2x slower host: 12 / 1.2 = 10 ms is still 67% worse
+    (host_run(None), host_run(8.0, eager_ms=12.0)),  # a baseline from before host timing: nothing to excuse it
+], ids=["same-host", "host-slower-by-less", "baseline-without-host-figure"])
+def test_a_host_paced_slowdown_counts_unless_the_host_explains_it(baseline, current):
+    (regression,) = measurements.compare([current], [baseline], 0.10)
+    assert regression["mode"] == "eager" and measurements.counted([regression]) == [regression]
+
+
+def test_the_host_reference_is_a_positive_duration():
+    from harness.timing import host_reference_ms
+    assert 0 < host_reference_ms(repeats=1) < 10_000
+
 @pytest.mark.parametrize("args, message", [
     (["--threshold", "-0.1"], "--threshold must be a fraction >= 0"),
     (["--out", "FILE"], "that is a file; name a directory"),
