@@ -140,6 +140,30 @@ def test_staging_refuses_more_rows_than_the_graph_copies():
         r.buffers.stage(layout, rows=1)
 
 
+def test_staging_refuses_a_layout_whose_lists_disagree_with_its_size():
+    r = runner(mode="FULL")
+    layout = plan_layout([Request(0, (1, 2), 0)], r.allocator, 2, 1, r.max_rows)
+    layout.positions.append(7)
+    with pytest.raises(ValueError, match="a layout of 2 tokens in 1 rows holds lists of other lengths"):
+        r.buffers.stage(layout)
+
+
+def test_a_remembered_dispatch_answers_as_the_dispatcher_does():
+    """After capture a step looks each batch shape up once; every answer is the dispatcher's, a
+    batch the dispatcher refuses is refused every time, and before capture steps run eager."""
+    r = runner(mode="FULL_AND_PIECEWISE")
+    assert r.step([Request(0, (1,), 0)]).runtime_mode == "NONE"
+    r.capture()
+    shapes = [(n, reqs, uniform) for n in (1, 2, 3, 5, 8, 9, 16, 17, 64, 65) for reqs in (1, 2, n)
+              for uniform in (False, True) if reqs <= min(n, 8) and (not uniform or n == reqs)]
+    for _ in range(2):  # the second time from memory
+        for shape in shapes:
+            assert r._dispatch(*shape) == r.dispatcher.dispatch(*shape), shape
+    for _ in range(2):
+        with pytest.raises(ValueError, match="num_reqs must be in"):
+            r._dispatch(4, 9, False)
+
+
 @pytest.mark.parametrize("graph_backend", BACKENDS)
 def test_steps_issued_back_to_back_each_read_their_own_inputs(graph_backend):
     """No synchronisation between steps: each stages while the device may still run the last, so

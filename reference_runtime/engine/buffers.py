@@ -67,16 +67,16 @@ def plan_layout(requests: list[Request], allocator: BlockAllocator, num_tokens: 
     uniform = q if uniform else None
     ids, positions, slots, token_req, tables, seq_lens, starts = [], [], [], [], [], [], [0]
     for row, request in enumerate(requests):
-        total = request.context_len + len(request.token_ids)
+        tokens, start = request.token_ids, request.context_len
+        total = start + len(tokens)
         tables.append(list(allocator.ensure(request.request_id, total)))
-        for offset, token in enumerate(request.token_ids):
-            position = request.context_len + offset
+        for position, token in enumerate(tokens, start):  # most steps are decode: one token a request
             ids.append(token)
             positions.append(position)
             slots.append(allocator.slot(request.request_id, position))
             token_req.append(row)
         seq_lens.append(total)
-        starts.append(starts[-1] + len(request.token_ids))
+        starts.append(starts[-1] + len(tokens))
     pad = num_tokens - real
     dummy_sizes = [q] * (pad // q) if uniform is not None else ([pad] if pad else [])
     for size in dummy_sizes:
@@ -135,6 +135,7 @@ class StaticBuffers:
         # node of its own and the host knows when a replay has read the buffer.
         self._copy_done = torch.cuda.Event(external=True) if cuda else None
         self._destinations: dict[tuple[int, int], np.ndarray] = {}
+        self._staged_for: np.ndarray | None = None  # whose destinations the pinned buffer holds
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.NAMES}
@@ -164,28 +165,30 @@ class StaticBuffers:
         if real_rows > rows:
             raise ValueError(f"a step of {real_rows} request rows does not fit the {rows} rows staged for it")
         width = self.max_blocks
-        if any(len(table) > width for table in layout.block_tables):
-            raise ValueError(f"a request needs more than the {width} blocks max_model_len allows")
         destinations = self._where(n, rows)
         m = len(destinations)
         if self._copy_done is not None:
             self._copy_done.synchronize()  # the last copy (eager, or a replay's first node) has read the buffer
+        # The token rows and the request rows' lengths and starts in one assignment (numpy's cost is
+        # per call at a small batch), padded rows as length 0 starting at the end; the block tables
+        # row by row (the most of the values, and mostly null).
+        pad = rows - real_rows
+        head = (layout.input_ids + layout.positions + layout.slot_mapping + layout.token_req + layout.seq_lens
+                + [0] * pad + layout.query_start_loc + [n] * pad)
+        at = 4 * n + 2 * rows + 1  # where the block tables start
+        if len(head) != at:
+            raise ValueError(f"a layout of {n} tokens in {real_rows} rows holds lists of other lengths")
         host = self._host_np
-        at = 0
-        for part in (layout.input_ids, layout.positions, layout.slot_mapping, layout.token_req):
-            host[at: at + n] = part
-            at += n
-        host[at: at + real_rows] = layout.seq_lens
-        host[at + real_rows: at + rows] = 0
-        at += rows
-        host[at: at + real_rows + 1] = layout.query_start_loc
-        host[at + real_rows + 1: at + rows + 1] = n
-        at += rows + 1
-        tables = host[at: at + rows * width].reshape(rows, width)
+        host[:at] = head
+        tables = host[at:m].reshape(rows, width)
         tables.fill(NULL_BLOCK)
         for row, table in enumerate(layout.block_tables):
+            if len(table) > width:
+                raise ValueError(f"a request needs {len(table)} blocks; max_model_len allows {width}")
             tables[row, : len(table)] = table
-        host[m: 2 * m] = destinations
+        if self._staged_for is not destinations:  # the destinations of the last step of this shape are still there
+            host[m: 2 * m] = destinations
+            self._staged_for = destinations
         return m
 
     def transfer(self, m: int) -> None:

@@ -51,13 +51,13 @@ class BlockAllocator:
         """Grow a request's block table to hold num_tokens tokens."""
         table = self.tables.setdefault(request_id, [])
         needed = -(-num_tokens // self.block_size) - len(table)
-        if needed > len(self.free):
-            raise RuntimeError(
-                f"KV cache is full: request {request_id} needs {needed} more blocks, {len(self.free)} are free; "
-                "raise num_blocks or lower max_num_seqs"
-            )
-        for _ in range(max(0, needed)):
-            table.append(self.free.pop())
+        if needed > 0:
+            if needed > len(self.free):
+                raise RuntimeError(
+                    f"KV cache is full: request {request_id} needs {needed} more blocks, {len(self.free)} are free; "
+                    "raise num_blocks or lower max_num_seqs"
+                )
+            table += [self.free.pop() for _ in range(needed)]
         return table
 
     def slot(self, request_id: int, position: int) -> int:

@@ -114,6 +114,7 @@ class ModelRunner:
         self.graph_memory_estimate: int | None = None
         self.allocator = BlockAllocator(self.num_blocks, config.block_size)
         self.last_layout = None
+        self._dispatched: dict[tuple[int, int, bool], tuple] = {}  # see _dispatch
         self.data_parallel = None
         if config.data_parallel is not None:
             from .data_parallel import DataParallel
@@ -128,11 +129,15 @@ class ModelRunner:
     def _attention(self, meta):
         return lambda layer, q, k, v: self.backends[layer](layer, q, k, v, meta)
 
+    # The eager paths build no autograd state. A FULL replay runs no torch op on the host, so the step
+    # itself does not enter the mode (a few microseconds of a step at batch 1).
+    @torch.inference_mode()
     def _forward(self, meta) -> torch.Tensor:
         n = meta.num_tokens
         return self.model.forward(self.buffers.input_ids[:n], self.buffers.positions[:n], self._attention(meta),
                                   pieces=self.pieces)
 
+    @torch.inference_mode()
     def _run_pieces(self, meta) -> torch.Tensor:
         """Replay each piece; attention runs eagerly in between, into the static attention buffer."""
         n, graphs = meta.num_tokens, self.piece_graphs[meta.num_tokens]
@@ -239,13 +244,25 @@ class ModelRunner:
             mode, key = self.data_parallel.dispatch(self.dispatcher, n, len(requests), uniform,
                                                     captured=self.capture_summary is not None)
             size = key.num_tokens
+        elif self.capture_summary is None:  # nothing captured yet: run eager, unpadded
+            mode, key = CUDAGraphMode.NONE, self.dispatcher.dispatch(n, len(requests), uniform)[1]
+            size = n
         else:
-            mode, key = self.dispatcher.dispatch(n, len(requests), uniform)
-            if mode is not CUDAGraphMode.NONE and self.capture_summary is None:
-                mode = CUDAGraphMode.NONE  # nothing captured yet: run eager, unpadded
+            mode, key = self._dispatch(n, len(requests), uniform)
             size = key.num_tokens if mode is not CUDAGraphMode.NONE else n
         layout_uniform = key.uniform if mode is CUDAGraphMode.FULL else None
         return self._run(requests, mode, size, layout_uniform, key, padding_fill)
+
+    def _dispatch(self, num_tokens: int, num_reqs: int, uniform: bool):
+        """The dispatcher's answer for a batch of this shape. After capture its keys are fixed, so
+        each shape is looked up once (at batch 1 the lookup was a tenth of the step's host time)."""
+        shape = (num_tokens, num_reqs, uniform)
+        answer = self._dispatched.get(shape)
+        if answer is None:
+            answer = self.dispatcher.dispatch(num_tokens, num_reqs, uniform)
+            if len(self._dispatched) < 4096:  # a bound for long services of mixed batches
+                self._dispatched[shape] = answer
+        return answer
 
     def eager_step(self, requests: list[Request], padded_num_tokens: int) -> StepOutput:
         """The same step run eagerly at a given padded size, with the layout a graph there would use."""
@@ -255,7 +272,6 @@ class ModelRunner:
         layout_uniform = key.uniform if mode is CUDAGraphMode.FULL and key.num_tokens == padded_num_tokens else None
         return self._run(requests, CUDAGraphMode.NONE, padded_num_tokens, layout_uniform, None)
 
-    @torch.inference_mode()
     def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None) -> StepOutput:
         layout = plan_layout(list(requests), self.allocator, size, self.q, self.max_rows, uniform=layout_uniform)
         if padding_fill is None:
