@@ -272,7 +272,7 @@ def test_compare_flags_a_20_percent_slowdown_and_not_a_5_percent_one(tmp_path):
     assert [round(r["change"], 6) for r in regressions] == [0.2, 0.2]
     markdown = render_runs(tmp_path, current, regressions=regressions)
     assert "## Regressions against baseline" in markdown
-    assert "- reference @ H200: latency full batch 1: step_ms_median 1.000 -> 1.200 (20.0% worse)" in markdown
+    assert "- reference @ H200: latency full batch 1: step_ms_median 1.000 -> 1.200 (20.0% worse, the bar 10.0%)" in markdown
 
 
 def capture_of(preset: str) -> dict:
@@ -383,7 +383,7 @@ def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
     result = pytester.runpytest("--report-dir", "out", "--baseline", "base.json", "--fail-on-regression")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*regressions against baseline (beyond 10%)*",
-                                 "reference @ *: latency full batch 1: step_ms_median 1.000 -> 1.500 (50.0% worse)"])
+                                 "reference @ *: latency full batch 1: step_ms_median 1.000 -> 1.500 (50.0% worse, the bar 10.0%)"])
     assert "## Regressions against baseline" in (pytester.path / "out" / "conformance-reference.md").read_text()
     # Without --fail-on-regression the regression is reported and the run still passes.
     assert pytester.runpytest("--baseline", "base.json").ret == 0
@@ -428,7 +428,8 @@ def test_a_host_paced_figure_that_slowed_with_the_host_is_reported_not_counted(t
     markdown = render_runs(tmp_path, current, regressions=list(found.values()))
     assert "1 beyond 10%:\n\n- reference @ H200: latency full batch 1" in markdown
     assert ("1 more beyond it, paced by the host" in markdown
-            and "took 2.00x its baseline time, which explains it (a host-paced step)" in markdown)
+            and "took 2.00x its baseline time, and divided by that the step is 0.0% worse, within the bar: "
+            "the host explains it" in markdown)
     # Through the command line: only the host-paced one left, so --fail-on-regression passes.
     base, run = write_json(tmp_path / "b.json", baseline), write_json(tmp_path / "r.json", host_run(8.0, 12.0))
     assert render.main([run, "--out", str(tmp_path / "o"), "--baseline", base, "--fail-on-regression"]) == 0
@@ -448,6 +449,7 @@ def test_a_host_paced_slowdown_counts_unless_the_host_explains_it(baseline, curr
 def test_the_host_reference_is_a_positive_duration():
     from harness.timing import host_reference_ms
     assert 0 < host_reference_ms(repeats=1) < 10_000
+
 
 @pytest.mark.parametrize("args, message", [
     (["--threshold", "-0.1"], "--threshold must be a fraction >= 0"),
