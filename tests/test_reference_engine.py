@@ -144,7 +144,7 @@ def test_staging_refuses_a_layout_whose_lists_disagree_with_its_size():
     r = runner(mode="FULL")
     layout = plan_layout([Request(0, (1, 2), 0)], r.allocator, 2, 1, r.max_rows)
     layout.positions.append(7)
-    with pytest.raises(ValueError, match="a layout of 2 tokens in 1 rows holds lists of other lengths"):
+    with pytest.raises(ValueError, match="a layout of 2 tokens in 1 rows needs 2 token ids, positions"):
         r.buffers.stage(layout)
 
 

@@ -177,7 +177,8 @@ class StaticBuffers:
                 + [0] * pad + layout.query_start_loc + [n] * pad)
         at = 4 * n + 2 * rows + 1  # where the block tables start
         if len(head) != at:
-            raise ValueError(f"a layout of {n} tokens in {real_rows} rows holds lists of other lengths")
+            raise ValueError(f"a layout of {n} tokens in {real_rows} rows needs {n} token ids, positions, slots and "
+                             f"token rows, {real_rows} sequence lengths and {real_rows + 1} query starts")
         host = self._host_np
         host[:at] = head
         tables = host[at:m].reshape(rows, width)
