@@ -3,6 +3,8 @@
     python scripts/time_breakdown.py                           # the README's test command (-n 2)
     python scripts/time_breakdown.py suites/ --runtime reference -n 2
     python scripts/time_breakdown.py --profile suites/         # one serial run under cProfile
+    python scripts/time_breakdown.py --profile suites/test_step_latency.py suites/test_serving.py \
+        --graph-backend cuda --benchmark-only                   # the benchmark lane, on a GPU
 
 Without --profile: the run's wall time, the summed time of its tests (with N workers the wall
 time is about that over N, plus start-up and collection), the time per file and the slowest tests,
@@ -39,6 +41,12 @@ COSTS = {
     "other subprocesses (subprocess.run)": ("subprocess.py", "run"),
     "data-parallel rank pools (waiting on ranks)": ("harness/distributed.py", "_gather"),
     "report writing": ("harness/report.py", "write"),
+    # The benchmark lane's own (GPU): its profiles, and one-time work of a machine's first run.
+    "CUDA profiles (launch counts)": ("harness/graphs/counting.py", "_count_cuda"),
+    "CUDA profiles (kernel floors)": ("harness/graphs/counting.py", "kernel_times_us"),
+    "host reference loops (harness.timing)": ("harness/timing.py", "host_reference_ms"),
+    "preset checkpoints (written once a machine)": ("harness/presets.py", "checkpoint"),
+    "matplotlib's font cache (built once a machine)": ("matplotlib/font_manager.py", "_load_fontmanager"),
     "garbage collection": ("~", "<built-in method gc.collect>"),
 }
 
