@@ -149,7 +149,7 @@ def test_staging_refuses_a_layout_whose_lists_disagree_with_its_size():
 
 
 def test_a_remembered_dispatch_answers_as_the_dispatcher_does():
-    """After capture a step looks each batch shape up once; every answer is the dispatcher's, a
+    """A step looks each batch shape up once; every answer is the dispatcher's, a
     batch the dispatcher refuses is refused every time, and before capture steps run eager."""
     r = runner(mode="FULL_AND_PIECEWISE")
     assert r.step([Request(0, (1,), 0)]).runtime_mode == "NONE"

@@ -175,7 +175,7 @@ class StaticBuffers:
         pad = rows - real_rows
         head = (layout.input_ids + layout.positions + layout.slot_mapping + layout.token_req + layout.seq_lens
                 + [0] * pad + layout.query_start_loc + [n] * pad)
-        at = 4 * n + 2 * rows + 1  # where the block tables start
+        at = m - rows * width  # where the block tables start (they come last, see _where)
         if len(head) != at:
             raise ValueError(f"a layout of {n} tokens in {real_rows} rows needs {n} token ids, positions, slots and "
                              f"token rows, {real_rows} sequence lengths and {real_rows + 1} query starts")

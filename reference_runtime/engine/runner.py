@@ -244,18 +244,18 @@ class ModelRunner:
             mode, key = self.data_parallel.dispatch(self.dispatcher, n, len(requests), uniform,
                                                     captured=self.capture_summary is not None)
             size = key.num_tokens
-        elif self.capture_summary is None:  # nothing captured yet: run eager, unpadded
-            mode, key = CUDAGraphMode.NONE, self.dispatcher.dispatch(n, len(requests), uniform)[1]
-            size = n
         else:
             mode, key = self._dispatch(n, len(requests), uniform)
+            if mode is not CUDAGraphMode.NONE and self.capture_summary is None:
+                mode = CUDAGraphMode.NONE  # nothing captured yet: run eager, unpadded
             size = key.num_tokens if mode is not CUDAGraphMode.NONE else n
         layout_uniform = key.uniform if mode is CUDAGraphMode.FULL else None
         return self._run(requests, mode, size, layout_uniform, key, padding_fill)
 
     def _dispatch(self, num_tokens: int, num_reqs: int, uniform: bool):
-        """The dispatcher's answer for a batch of this shape. After capture its keys are fixed, so
-        each shape is looked up once (at batch 1 the lookup was a tenth of the step's host time)."""
+        """The dispatcher's answer for a batch of this shape. Its keys are fixed when the runner is
+        built (initialize_keys), so each shape is looked up once (at batch 1 the lookup was a tenth
+        of the step's host time)."""
         shape = (num_tokens, num_reqs, uniform)
         answer = self._dispatched.get(shape)
         if answer is None:
