@@ -1,4 +1,4 @@
-"""Wall-clock timing of steps on a GPU, shared by the benchmark lane and scripts/step_breakdown.py."""
+"""Timing steps on a GPU and the host beside them, shared by the benchmark lane and scripts/step_breakdown.py."""
 from __future__ import annotations
 
 import statistics
@@ -6,20 +6,27 @@ import time
 
 
 def in_a_stream_ms(step, steps: int, repeats: int = 3) -> float:
-    """Milliseconds per call of `steps` calls of step() issued back to back, the device synchronised
-    only before and after them (the median over `repeats` runs): what a step costs when the host
-    prepares the next one while the device runs the last, as a serving loop does."""
+    """Milliseconds per call of step() when calls are issued back to back, the host preparing the
+    next step while the device runs the last, as a serving loop does: the median over `repeats`
+    runs of `steps` calls. Each run is timed on the device, from the end of a first, untimed call to
+    the end of the last, so neither the queue filling up nor the host's final wait is in it (a
+    wall-clock run needs three times the steps to amortise both). The events are on the current
+    stream, where a step's logits are ready for its caller: an engine that works on a stream of its
+    own must make the current stream wait for it, or its caller would read logits not yet written."""
     import torch
 
     times = []
     for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        start = time.perf_counter()
+        step()
+        start.record()
         for _ in range(steps):
             step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / steps)
-    return statistics.median(times) * 1e3
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / steps)
+    return statistics.median(times)
 
 
 def host_reference_ms(repeats: int = 5) -> float:

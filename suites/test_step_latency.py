@@ -5,11 +5,11 @@ and FULL (FULL_AND_PIECEWISE routes uniform decode to FULL graphs), through pyte
 Each result carries the padded size; the step's latency (step, then wait for the device) with
 its median and spread (IQR, coefficient of variation); for graph modes, the step's cost in a
 stream of steps (issued back to back, the host preparing a step while the device runs the last
-one, as an engine that does not wait for each step's logits runs) and the device time of its
-graph replays in that stream (timed by the harness on the GPU stream); the launches the harness
-counted; and the summed kernel time of an eager step at the same shape, the floor a graph can
-approach. One thing is asserted, because it is robust on a noisy machine: a FULL step beats
-eager at batch 1 by a clear margin.
+one, as an engine that does not wait for each step's logits runs; timed on the device, after a
+first step has filled the queue) and the device time of its graph replays in that stream (timed
+by the harness on the GPU stream); the launches the harness counted; and the summed kernel time
+of an eager step at the same shape, the floor a graph can approach. One thing is asserted,
+because it is robust on a noisy machine: a FULL step beats eager at batch 1 by a clear margin.
 
     pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
 """
@@ -31,6 +31,9 @@ MODES = {"eager": "NONE", "piecewise": "PIECEWISE", "full": "FULL_AND_PIECEWISE"
 BATCHES = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64, 65, 128, 200, 256]
 CONTEXT = 128
 ROUNDS = 30
+WARMUP = 2  # the engine is warm: two steps ran before (one checked by the harness, one to read its mode)
+STREAM_STEPS = 10  # a run of steps in a stream, timed on the device without its start and end (harness.timing)
+REPLAY_STEPS = 10  # a graph's device time barely moves between replays (reports/h200/probes/lane_costs.json)
 _contexts: dict = {}
 
 
@@ -67,12 +70,12 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
     # How fast the host ran around the timing, for reading a host-paced figure against another run's
     # (a lent machine's host speed drifts within seconds, so before and after, averaged).
     host_before = host_reference_ms()
-    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
+    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
     host_ms = (host_before + host_reference_ms()) / 2
     stats = benchmark.stats.stats
     replay_ms = pipelined_ms = None
     if out.runtime_mode != "NONE":  # an eager step launches every kernel from the host: no stream to gain
-        pipelined_ms = in_a_stream_ms(lambda: engine.engine.step(requests), ROUNDS)
+        pipelined_ms = in_a_stream_ms(lambda: engine.engine.step(requests), STREAM_STEPS)
         replay_ms = replays_in_a_stream(engine.engine, requests)
     counted = counting.count(step, "cuda")
     kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
@@ -92,17 +95,21 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
 
 
 def replays_in_a_stream(engine, requests) -> float | None:
-    """Median device time of one step's graph replays, the steps issued back to back: a replay
-    timed after a synchronised step would also time the host launching it onto an idle device."""
+    """Median device time of one step's graph replays, the steps issued back to back behind a first
+    one: a replay timed after a synchronised step would also time the host launching it onto an
+    idle device."""
+    torch.cuda.synchronize()
+    engine.step(requests)
     with timed_replays() as times:
-        in_a_stream_ms(lambda: engine.step(requests), ROUNDS, repeats=1)
-    per_step = len(times) // ROUNDS
+        for _ in range(REPLAY_STEPS):
+            engine.step(requests)
+    per_step = len(times) // REPLAY_STEPS
     if not per_step:
         return None
-    return statistics.median(sum(times[i:i + per_step]) for i in range(0, per_step * ROUNDS, per_step))
+    return statistics.median(sum(times[i:i + per_step]) for i in range(0, per_step * REPLAY_STEPS, per_step))
 
 
-def median_ms(fn, rounds=ROUNDS, warmup=5):
+def median_ms(fn, rounds=ROUNDS, warmup=WARMUP):
     for _ in range(warmup):
         fn()
     samples = []
@@ -118,7 +125,7 @@ def test_graphs_beat_eager_at_batch_1(check, bench_engines, benchmark, record):
     full = bench_engines.get(mode="FULL_AND_PIECEWISE")
     eager_ms = median_ms(synced(eager, decode_requests(contexts(bench_engines, eager)[:1])))
     step = synced(full, decode_requests(contexts(bench_engines, full)[:1]))
-    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=5, iterations=1)
+    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
     full_ms = benchmark.stats.stats.median * 1e3
     record(Batch1Speedup(eager_ms=eager_ms, full_ms=full_ms, speedup=eager_ms / full_ms))
     check.that(eager_ms >= 1.5 * full_ms, source="an eager step of the same runtime, timed",

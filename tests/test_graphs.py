@@ -305,14 +305,39 @@ def test_every_profile_goes_through_the_harness_profiler():
     assert not offenders, f"torch's profiler opened directly (use harness.graphs.counting.profiler): {offenders}"
 
 
-def test_steps_in_a_stream_are_timed_per_step_between_two_synchronisations(monkeypatch):
+def test_steps_in_a_stream_are_timed_per_step_behind_a_first_untimed_one(monkeypatch):
     # harness.timing.in_a_stream_ms: the benchmark lane's "in a stream" figure and the step breakdown's.
+    # A stand-in for CUDA events that reads the host clock: each step "runs" while the host sleeps.
     import time
 
     from harness.timing import in_a_stream_ms
 
     events = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            self.at = time.perf_counter()
+            events.append("record")
+
+        def synchronize(self):
+            events.append("wait")
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1e3
+
+    def step():
+        first = not events or events[-1] == "sync"
+        events.append("step")
+        time.sleep(0.05 if first else 0.002)  # the first of a run fills the queue: slow, and not counted
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
-    per_step = in_a_stream_ms(lambda: (events.append("step"), time.sleep(0.002)), steps=4, repeats=3)
-    assert events == (["sync"] + ["step"] * 4 + ["sync"]) * 3
-    assert 2.0 <= per_step < 50.0  # milliseconds per step, not per run of four
+    per_step = in_a_stream_ms(step, steps=4, repeats=3)
+    assert events == (["sync", "step", "record"] + ["step"] * 4 + ["record", "wait"]) * 3
+    assert 2.0 <= per_step < 10.0  # milliseconds per timed step: neither per run of four nor the first step's
+
+

@@ -43,16 +43,21 @@ class Metadata:
 def attend(q, k, v, mask, scale):
     """q [B, Tq, H, D], k/v [B, C, KVH, D], mask [B, Tq, C] -> [B, Tq, H * D]."""
     b, tq, heads, d = q.shape
-    kv_heads = k.shape[2]
+    c, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
     # Slots no query may see can hold anything (NaN from a poisoned or uninitialised block):
     # zero them, since a zero probability times NaN is still NaN. (torch.where, not masked_fill:
     # one kernel each, where masked_fill copies the tensor first.)
     v = torch.where(mask.any(dim=1)[:, :, None, None], v, 0)
-    q = q.view(b, tq, kv_heads, heads // kv_heads, d)
-    scores = torch.einsum("btkgd,bckd->bkgtc", q, k) * scale
-    scores = torch.where(mask[:, None, None, :, :], scores, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.einsum("bkgtc,bckd->btkgd", probs, v).reshape(b, tq, heads * d)
+    # Two batched matmuls, one batch entry per (row, KV head), its query group's tokens as the matrix
+    # rows: what einsum would launch, without its equation parsing and a dozen views on the host.
+    q = q.view(b, tq, kv_heads, group, d).transpose(1, 2).reshape(b * kv_heads, tq * group, d)
+    k = k.permute(0, 2, 3, 1).reshape(b * kv_heads, d, c)
+    scores = (torch.bmm(q, k) * scale).view(b, kv_heads, tq, group, c)
+    scores = torch.where(mask[:, None, :, None, :], scores, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype).view(b * kv_heads, tq * group, c)
+    out = torch.bmm(probs, v.transpose(1, 2).reshape(b * kv_heads, c, d))
+    return out.view(b, kv_heads, tq, group, d).transpose(1, 2).reshape(b, tq, heads * d)
 
 
 def gather_context(cache: KVCache, layer: int, block_tables: torch.Tensor, window: torch.Tensor):
@@ -61,8 +66,9 @@ def gather_context(cache: KVCache, layer: int, block_tables: torch.Tensor, windo
     blocks = block_tables.gather(1, (window // size).expand(block_tables.shape[0], -1))
     slots = (blocks * size + window % size).flatten()
     rows, width = blocks.shape
-    k = cache.keys(layer).index_select(0, slots).view(rows, width, *cache.keys(layer).shape[1:])
-    v = cache.values(layer).index_select(0, slots).view(rows, width, *cache.values(layer).shape[1:])
+    keys, values = cache.keys(layer), cache.values(layer)
+    k = keys.index_select(0, slots).view(rows, width, *keys.shape[1:])
+    v = values.index_select(0, slots).view(rows, width, *values.shape[1:])
     return k, v
 
 

@@ -22,17 +22,21 @@ class KVCache:
         self.scratch_slot = self.num_slots
         # [layer, k/v, slot, kv_heads, head_dim]; the last slot is the scratch slot.
         self.data = torch.zeros(num_layers, 2, self.num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
+        # Each layer's keys and values as views made once: an eager step asks for them a few times a
+        # layer, and indexing the 5-d tensor each time costs the host more than the kernels it feeds.
+        self._keys = [self.data[layer, 0] for layer in range(num_layers)]
+        self._values = [self.data[layer, 1] for layer in range(num_layers)]
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self.data[layer, 0]
+        return self._keys[layer]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.data[layer, 1]
+        return self._values[layer]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         slots = torch.where(slot_mapping >= 0, slot_mapping, self.scratch_slot)
-        self.data[layer, 0].index_copy_(0, slots, k)
-        self.data[layer, 1].index_copy_(0, slots, v)
+        self._keys[layer].index_copy_(0, slots, k)
+        self._values[layer].index_copy_(0, slots, v)
 
     def real_blocks(self) -> torch.Tensor:
         """Every slot of every real block (the scratch slot excluded), for snapshots in tests."""
