@@ -63,8 +63,14 @@ def count(fn, device: str) -> Submissions:
     return Submissions(counter.ops, seen.replays, counter.copies, seen.ops_in_replays)
 
 
+class _Profile(torch.autograd.profiler.profile):
+    def events(self):  # torch.profiler.profile's name for them
+        return self.function_events
+
+
 def profiler(*activities):
-    """torch's profiler, told to detach from the GPU whenever it stops.
+    """torch's kineto profiler (`events()` as torch.profiler.profile has it), told to detach from
+    the GPU whenever it stops.
 
     Kineto leaves CUPTI attached after a profile unless TEARDOWN_CUPTI=1, and an attached CUPTI
     slows every later launch: on the H200 a FULL step at batch 1 took 281 us of host time before a
@@ -72,13 +78,19 @@ def profiler(*activities):
     kernel count measured the profiler. torch keeps CUPTI attached only to avoid a CUDA graph bug
     fixed in CUDA 12.6. The variable stays set for the process (kineto did not fully honour it
     when it was set for one profile only); an explicit TEARDOWN_CUPTI is left as it is.
+
+    Opened as torch.autograd.profiler.profile, which torch.profiler.profile wraps: the wrapper
+    imports torch._inductor, and dynamo with it, the first time it starts (to read one of its
+    settings), which took 4.6 s of the benchmark lane's first profile on the H200 and 2.3 s on a
+    CPU, in processes that compile nothing.
     """
-    from torch.profiler import profile
+    from torch.profiler import ProfilerActivity
 
     cuda = tuple(int(part) for part in (torch.version.cuda or "0").split(".")[:2])
     if cuda >= (12, 6):
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    return profile(activities=list(activities))
+    return _Profile(use_cpu=ProfilerActivity.CPU in activities,
+                    use_device="cuda" if ProfilerActivity.CUDA in activities else None, use_kineto=True)
 
 
 def _count_cuda(fn) -> Submissions:
