@@ -128,9 +128,10 @@ HOST_PACED = 2.0  # a step taking over twice its kernels' device time is paced b
 
 def _benchmarks(runs: list[dict]) -> dict[tuple, dict]:
     """(kind, preset, mode, batch or workload) -> the figure: metric, value, higher_is_worse, cv (its
-    coefficient of variation, or 0), and for a step paced by the host the host's reference time
-    (host_ms, None otherwise). Only like is compared with like: the same model, and for serving
-    the same number of requests (the stream's other parameters are fixed by the harness)."""
+    coefficient of variation, or 0); for a step, the host's reference time (host_ms), the host's own
+    part of the step where measured (host_step_ms), and whether the step is paced by the host. Only
+    like is compared with like: the same model, and for serving the same number of requests (the
+    stream's other parameters are fixed by the harness)."""
     found = {}
     for run in runs:
         preset = bench_preset(run)
@@ -139,7 +140,8 @@ def _benchmarks(runs: list[dict]) -> dict[tuple, dict]:
                 paced = bool(e.get("eager_kernel_ms")) and e["step_ms_median"] >= HOST_PACED * e["eager_kernel_ms"]
                 found[("latency", preset, e.get("mode"), e.get("batch"))] = {
                     "metric": "step_ms_median", "value": e["step_ms_median"], "higher_is_worse": True,
-                    "cv": e.get("step_ms_cv") or 0.0, "host_ms": e.get("host_ref_ms") if paced else None}
+                    "cv": e.get("step_ms_cv") or 0.0, "host_ms": e.get("host_ref_ms"),
+                    "host_step_ms": e.get("host_step_ms"), "paced": paced}
         for e in recorded(run, "serving"):
             if e.get("output_tok_s"):
                 found[("serving", preset, e.get("mode"), f"{e.get('requests')} requests")] = {
@@ -148,16 +150,32 @@ def _benchmarks(runs: list[dict]) -> dict[tuple, dict]:
     return found
 
 
+def _host_expected(now: dict, before: dict) -> tuple[float, float] | None:
+    """(how much slower the host ran, what the baseline step would take on it), where both runs
+    timed the host. The host's own part of the baseline step (the time until it returned) slows with
+    the host and the device's part does not; a baseline without that split is scaled whole, and only
+    where both steps were paced by the host."""
+    if not (now["host_ms"] and before["host_ms"]):
+        return None
+    ratio = now["host_ms"] / before["host_ms"]
+    if before.get("host_step_ms") is not None:
+        return ratio, before["value"] + before["host_step_ms"] * (ratio - 1)
+    if now["paced"] and before["paced"]:
+        return ratio, before["value"] * ratio
+    return None
+
+
 def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: float = 0.10) -> list[dict]:
     """Entries where a current run is worse than the baseline by more than `threshold` (a fraction)
     and by more than the noise both runs measured (twice their coefficients of variation added):
     latency medians higher, serving throughput lower. Matched as _benchmarks keys them: the same
     model preset, mode, and batch (latency) or request count (serving).
 
-    A step paced by the host in both runs is also read beside the host's reference time of each
-    (harness.timing.host_reference_ms): where the host ran slower by `host_ratio` and the figure,
-    divided by that, is within the bar, the entry carries `host_explains=True`. It is reported, and
-    `counted` leaves it out: the code did not get slower, the machine did."""
+    A step is also read beside the host's reference time of each run
+    (harness.timing.host_reference_ms): where the host ran slower by `host_ratio`, the baseline step
+    is what it would take on that host (_host_expected), and `host_adjusted` the change beyond that;
+    within the bar, the entry carries `host_explains=True`. It is reported, and `counted` leaves it
+    out: the code did not get slower, the machine did."""
     regressions = []
     for run, label in zip(current_runs, run_labels(current_runs)):
         # A baseline of the same runtime is the one to beat; otherwise whatever baseline was given.
@@ -174,9 +192,10 @@ def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: floa
                 kind, _preset, mode, where = key  # where: the batch, or "N requests" for serving
                 entry = {"run": label, "kind": kind, "mode": mode, "batch": where, "metric": now["metric"],
                          "baseline": was, "current": value, "change": change, "bar": bar}
-                if now["host_ms"] and before["host_ms"]:
-                    ratio = now["host_ms"] / before["host_ms"]
-                    adjusted = (value / ratio - was) / was  # the change were the host as fast as before
+                host = _host_expected(now, before) if kind == "latency" else None
+                if host is not None:
+                    ratio, expected = host
+                    adjusted = (value - expected) / was  # the change beyond what the slower host accounts for
                     entry.update(host_ratio=ratio, host_adjusted=adjusted, host_explains=adjusted <= bar)
                 regressions.append(entry)
     return regressions
@@ -197,5 +216,5 @@ def _host_note(r: dict) -> str:
     if "host_ratio" not in r:
         return ""
     adjusted = f"{100 * abs(r['host_adjusted']):.1f}% {'worse' if r['host_adjusted'] >= 0 else 'better'}"
-    note = f"; the host's reference loop took {r['host_ratio']:.2f}x its baseline time, and divided by that the step is {adjusted}"
+    note = f"; the host's reference loop took {r['host_ratio']:.2f}x its baseline time, and beyond what that accounts for the step is {adjusted}"
     return note + (", within the bar: the host explains it" if r["host_explains"] else ", beyond the bar")

@@ -77,6 +77,7 @@ class Latency(Record):
     memcpy_calls: int | None = None
     rounds: int | None = None
     host_ref_ms: float | None = None  # harness.timing.host_reference_ms, the mean of before and after the timing
+    host_step_ms: float | None = None  # median time until the step returned, before the wait: the host's own part
 
 
 @dataclass

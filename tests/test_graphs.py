@@ -305,6 +305,17 @@ def test_every_profile_goes_through_the_harness_profiler():
     assert not offenders, f"torch's profiler opened directly (use harness.graphs.counting.profiler): {offenders}"
 
 
+def test_a_kernel_floor_retakes_a_profile_that_saw_no_device(monkeypatch):
+    from harness.graphs import counting
+
+    profiles = iter([{}, {}, {"gemm": [3.0, 4.0], "copy": [1.0]}])
+    monkeypatch.setattr(counting, "kernel_times_us", lambda fn: (fn(), next(profiles))[1])
+    ran = []
+    assert counting.kernel_time_us(lambda: ran.append(1)) == 8.0 and len(ran) == 3
+    monkeypatch.setattr(counting, "kernel_times_us", lambda fn: {})
+    assert counting.kernel_time_us(lambda: None) is None  # not a floor of 0
+
+
 def test_steps_in_a_stream_are_timed_per_step_behind_a_first_untimed_one(monkeypatch):
     # harness.timing.in_a_stream_ms: the benchmark lane's "in a stream" figure and the step breakdown's.
     # A stand-in for CUDA events that reads the host clock: each step "runs" while the host sleeps.
