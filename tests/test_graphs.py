@@ -203,6 +203,27 @@ def test_without_debug_later_replays_are_unchecked_and_compute_on_the_old_buffer
     assert graph.output.tolist() == [2.0, 2.0, 2.0]  # stale: 2 * the old ones, not 2 * 5
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_inputs_given_as_a_function_are_built_only_to_be_checked(debug):
+    # The reference runner hands its FULL replays a function: a step need not build the inputs'
+    # mapping for a replay that does not look at it. A replaced buffer is still caught when it does.
+    backend = make_backend("emulated", "cpu", debug=debug)
+    x = torch.ones(3)
+    calls = []
+
+    def inputs():
+        calls.append(1)
+        return {"x": x}
+    with torch.inference_mode():
+        graph = backend.capture(lambda: x * 2, static_inputs={"x": x}, name="double")
+        for _ in range(3):
+            graph.replay(inputs)
+    assert len(calls) == (3 if debug else 1)
+    fresh = backend.capture(lambda: x * 3, static_inputs={"x": x}, name="triple")
+    with pytest.raises(StaleAddressError, match="'x' is now at 0x"):
+        fresh.replay(lambda: {"x": x.clone()})
+
+
 def test_missing_and_unknown_inputs_are_stale(emulated):
     x = torch.ones(2)
     graph = emulated.capture(lambda: x + 1, static_inputs={"x": x}, name="g")

@@ -82,10 +82,12 @@ class CapturedGraph(ABC):
         self._input_addresses = input_addresses
         self._addresses_checked = False
 
-    def replay(self, inputs: Mapping[str, torch.Tensor] | None = None) -> None:
-        # Always on the first replay that names its inputs (as vLLM does); on every one in debug.
+    def replay(self, inputs: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None = None) -> None:
+        """Submit the captured work once. `inputs`, the static inputs by name (or a function that
+        returns them, called only when they are checked), are checked against the captured
+        addresses on the first replay that names them (as vLLM does) and on every one in debug."""
         if inputs is not None and (self._backend.debug or not self._addresses_checked):
-            check_addresses(self.name, self._input_addresses, inputs)
+            check_addresses(self.name, self._input_addresses, inputs() if callable(inputs) else inputs)
             self._addresses_checked = True
         self._launch()
 

@@ -291,7 +291,7 @@ class ModelRunner:
         n = layout.num_real_tokens
         if mode is CUDAGraphMode.FULL:
             graph = self.full_graphs[key]
-            graph.replay(self.graph_inputs())
+            graph.replay(self.graph_inputs)  # built only when the addresses are checked
             logits = graph.output
         elif mode is CUDAGraphMode.PIECEWISE:
             logits = self._run_pieces(self.buffers.metadata(layout))
