@@ -106,6 +106,21 @@ def noise(run: dict) -> dict:
     return {"median_cv": cvs[len(cvs) // 2], "largest_cv": cvs[-1], "figures": len(cvs)} if cvs else {}
 
 
+SLOW_PHASE = 1.3  # a figure timed while the host's reference loop ran this much over the run's median
+
+
+def host_phase(run: dict, mode: str, batch: int) -> float | None:
+    """How much slower the host ran while one step figure was timed than over the whole run: its
+    reference loop's time over the median of the run's (harness.timing.host_reference_ms). A lent
+    machine's host changes speed within seconds, and a figure taken in a slow phase says so."""
+    entries = [e for e in recorded(run, "latency") if e.get("host_ref_ms")]
+    mine = next((e for e in entries if e.get("mode") == mode and e.get("batch") == batch), None)
+    if mine is None:
+        return None
+    times = sorted(e["host_ref_ms"] for e in entries)
+    return mine["host_ref_ms"] / times[len(times) // 2]
+
+
 def crossover(rows: list[dict], below: float) -> int | None:
     """The smallest batch at which eager/FULL falls below `below`; None when it never does."""
     return next((r["batch"] for r in rows if r["speedup"] is not None and r["speedup"] < below), None)

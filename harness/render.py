@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 # compare, counted and describe_regression are part of this module's interface: the plugin and the CLI use them.
-from .measurements import (batch_invariance_rows, compare, counted, crossover, describe_regression, distinct,
-                           latency_rows, noise, padding_buckets, recorded, run_labels, waste_by_batch, waste_line)
+from .measurements import (SLOW_PHASE, batch_invariance_rows, compare, counted, crossover, describe_regression, distinct,
+                           host_phase, latency_rows, noise, padding_buckets, recorded, run_labels, waste_by_batch,
+                           waste_line)
 from .records import ReportFormatError, upgrade
 from .safe import describe_exception
 from .vocabulary import CONFIG_MODES as REQUESTED
@@ -227,7 +228,10 @@ def latency_headline(rows: list[dict], run: dict | None = None) -> list[str]:
             parts.append(f"step in a stream {first['pipelined_over_kernel']:.2f}x")
         if first["replay_over_kernel"] is not None:
             parts.append(f"its graph replay (device time, in a stream) {first['replay_over_kernel']:.2f}x")
-        lines.append(f"- FULL at batch 1, against the summed GPU kernel time of an eager step: {', '.join(parts)}")
+        phase = host_phase(run, "full", 1) if run else None
+        slow = (f" (timed while the host ran {phase:.1f}x slower than over the run: the step, not its replay, "
+                "moves with the host)") if phase and phase >= SLOW_PHASE else ""
+        lines.append(f"- FULL at batch 1, against the summed GPU kernel time of an eager step: {', '.join(parts)}{slow}")
     for threshold in CROSSOVERS:
         batch = crossover(rows, threshold)
         lines.append(f"- crossover: eager / FULL below {threshold}x " + (f"from batch {batch}" if batch else "not reached"))

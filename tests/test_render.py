@@ -514,3 +514,17 @@ def test_report_dir_that_is_a_file_is_a_usage_error(pytester):
     result = pytester.runpytest("--report-dir", "taken")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--report-dir taken: that is a file; name a directory*"])
+
+
+@pytest.mark.parametrize("full_host_ms, note", [(4.0, "timed while the host ran 2.0x slower than over the run"),
+                                                (2.1, None)])
+def test_a_full_figure_timed_in_a_slow_phase_of_the_host_says_so(tmp_path, full_host_ms, note):
+    """A lent host changes speed within seconds; the FULL batch-1 ratio is read beside how fast the
+    host ran while it was timed, against the run's median."""
+    def entry(mode, batch, host_ms):
+        return {"mode": mode, "batch": batch, "padded": batch, "runtime_mode": mode.upper(), "step_ms_median": 1.0,
+                "step_ms_min": 1.0, "eager_kernel_ms": 0.8, "host_ref_ms": host_ms}
+    entries = [entry("eager", b, 2.0) for b in (1, 2, 4, 8)] + [entry("full", 1, full_host_ms)]
+    markdown = render_runs(tmp_path, make_run([measured("latency", entries)]))
+    line = next(line for line in markdown.splitlines() if line.startswith("- FULL at batch 1"))
+    assert (note in line) if note else ("host ran" not in line)
