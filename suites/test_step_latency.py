@@ -88,7 +88,8 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
                       step_ms_median=stats.median * 1e3, step_ms_min=stats.min * 1e3, step_ms_iqr=stats.iqr * 1e3,
                       step_ms_cv=stats.stddev / stats.mean if stats.mean else None, replay_ms_median=replay_ms,
                       pipelined_ms=pipelined_ms,
-                      eager_kernel_ms=kernel_us and kernel_us / 1e3, kernel_launches=counted.kernels, graph_launches=counted.graphs,
+                      eager_kernel_ms=None if kernel_us is None else kernel_us / 1e3,
+                      kernel_launches=counted.kernels, graph_launches=counted.graphs,
                       memcpy_calls=counted.copies, rounds=stats.rounds, host_ref_ms=host_ms,
                       host_step_ms=host_step_ms)
     benchmark.extra_info.update(latency.as_dict())
