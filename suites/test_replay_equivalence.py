@@ -2,7 +2,9 @@
 the same runtime at the same padded shape, bit for bit (`torch.equal`), at every bucket boundary
 s-1, s, s+1 of the runtime's own sizes, for uniform, mixed and q > 1 verify batches, and for
 batches of q x num_reqs tokens in requests of unequal lengths (which are not uniform); a graph
-engine and an eager engine driven through the same generation agree at every step.
+engine and an eager engine driven through the same generation agree at every step, and through
+decode steps of one size whose rows change owner (an engine that keeps request rows from step to
+step, as vLLM's persistent batch does, must follow each request to its row).
 
 Expected values: an eager step of the same runtime at the same shape. The mode each step ran
 is checked against the runtime's own dispatch() on every step (harness.observe).
@@ -122,4 +124,53 @@ def test_generation_matches_eager_step_by_step(check, engines, mode):
     for t, ((batch, padded, ran, logits), (_, _, _, expected)) in enumerate(zip(graph_trace, eager_trace)):
         check.same_bits(logits, expected, source="an eager engine of the same runtime driven through the same steps",
                         what=f"step {t} of a generation with requests joining and leaving",
+                        case=f"{batch}; {mode} engine ran {ran} at {padded}")
+
+
+# Decode batches of one size over six live requests (indices into the pool), step after step:
+# the same requests again, reversed, rotated, one swapped for a request that sat out, all
+# swapped, then the same again; contexts of 20-26 tokens cross a 32-token boundary on the way.
+POOL = [20, 23, 21, 26, 22, 24]
+ROWS = [(0, 1, 2), (0, 1, 2), (2, 1, 0), (1, 2, 0), (3, 2, 0), (3, 4, 5), (5, 4, 3), (5, 4, 3), (0, 4, 3),
+        (0, 4, 3), (4, 0, 3), (1, 2, 5)]
+
+
+def rows_changing_owner(engine, step):
+    """Run the ROWS decode steps over a prefilled pool; `step(requests)` runs one and returns
+    (logits, padded size, runtime mode). Request ids are fixed so two engines see the same inputs."""
+    pool = [prefill(engine, [60_000 + i], [n])[0] for i, n in enumerate(POOL)]
+    trace = []
+    for rows in ROWS:
+        requests = decode_requests([pool[i] for i in rows])
+        logits, padded, ran = step(requests)
+        trace.append((describe_batch(requests), padded, ran, logits))
+        advance(pool, requests)
+    for s in pool:
+        engine.release(s.request_id)
+    return trace
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_decode_rows_follow_their_requests(check, engines, mode):
+    """Decode steps of one shape whose rows change owner, against an eager engine of the same
+    runtime driven through the same steps: no eager step runs in between on the graph engine, so
+    whatever it kept from the last step is what the next one builds on."""
+    graph_engine = engines.for_mode(mode, fresh=True)
+    eager_engine = engines.get(mode="NONE", fresh=True, capture=False)
+
+    def graph_step(requests):
+        out = graph_engine.step(requests)
+        return out.logits, out.padded_num_tokens, out.runtime_mode
+
+    graph_trace = rows_changing_owner(graph_engine, graph_step)
+    pads = iter([padded for _, padded, _, _ in graph_trace])
+
+    def eager_step(requests):
+        out = eager_engine.eager_step(requests, next(pads))
+        return out.logits, out.padded_num_tokens, out.runtime_mode
+
+    eager_trace = rows_changing_owner(eager_engine, eager_step)
+    for t, ((batch, padded, ran, logits), (_, _, _, expected)) in enumerate(zip(graph_trace, eager_trace)):
+        check.same_bits(logits, expected, source="an eager engine of the same runtime driven through the same steps",
+                        what=f"decode step {t} of one size whose rows change owner (rows {ROWS[t]} of the pool)",
                         case=f"{batch}; {mode} engine ran {ran} at {padded}")

@@ -131,6 +131,27 @@ class _StalePaddedPositions(ModelRunner):
         self.buffers.stage = stage_leaving_padding
 
 
+class _KeptRowsKeepTheirTables(ModelRunner):
+    """Keeps request rows from one decode step to the next (a persistent batch) but refreshes a
+    row's block table only when the table grows: a request that takes another's row (the batch
+    reordered, or one request finished and another joined) attends over the old occupant's blocks."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        buffers, restage = self.buffers, self.buffers.restage
+
+        def restage_by_length(requests, allocator, num_tokens, rows):
+            kept = buffers._kept
+            if kept is not None and len(kept.tables) == len(requests):
+                for row, request in enumerate(requests):
+                    table, (_, seen_len) = allocator.tables.get(request.request_id), kept.tables[row]
+                    if table is not None and len(table) == seen_len:
+                        kept.tables[row] = (table, seen_len)  # a table as long as the row's passes for it
+            return restage(requests, allocator, num_tokens, rows)
+
+        buffers.restage = restage_by_length
+
+
 class _IgnoresPaddingFills(ModelRunner):
     """Accepts padding_fill and ignores it: the suites' padded-row checks test nothing."""
 
@@ -416,6 +437,7 @@ NewInputTensors = mutant("new-input-tensors", _NewInputTensors)
 PadsBelowBatch = mutant("pads-below-batch", _PadsBelowBatch)
 LeakyReduction = mutant("leaky-batch-reduction", _LeakyReduction)
 StalePaddedPositions = mutant("stale-padded-positions", _StalePaddedPositions)
+KeptRowsKeepTheirTables = mutant("kept-rows-keep-their-tables", _KeptRowsKeepTheirTables)
 IgnoresPaddingFills = mutant("ignores-padding-fills", _IgnoresPaddingFills)
 OutputsOverwritten = mutant("outputs-overwritten", _OutputsOverwritten)
 SwapBreaksTheStep = _engine_mutant("swap-breaks-the-step", _SwapBreaksTheStep)
@@ -438,7 +460,7 @@ RecapturesSilently = mutant("recaptures-silently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", _CapturesInService)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
-           IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
+           KeptRowsKeepTheirTables, IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
            ReportsGraphRunsEager, ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay,
            WindowFrozenAtCapture, AlwaysLiar, RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity,
            PiecewiseIsOneGraph, GraphMemoryInKiB, SecondCaptureTypeError, RecapturesSilently, CapturesInService]

@@ -171,13 +171,71 @@ def test_steps_issued_back_to_back_each_read_their_own_inputs(graph_backend):
     r = runner(graph_backend, "FULL_AND_PIECEWISE")
     r.capture()
     r.step([Request(i, tuple(range(1, 9)), 0) for i in range(4)])
-    batches = [[Request(i, (10 + step + i,), 8 + step) for i in range(1 + step % 4)] for step in range(24)]
+    # Runs of six steps of one shape: the later ones restage over the rows the first kept.
+    batches = [[Request(i, (10 + step + i,), 8 + step) for i in range(1 + step // 6)] for step in range(24)]
     outputs = [r.step(requests) for requests in batches]  # issued back to back, compared after
     for step, (requests, out) in enumerate(zip(batches, outputs)):
         assert out.runtime_mode == "FULL"
         # The KV the step wrote is there now; rewriting it with the same values changes nothing.
         eager = r.eager_step(requests, out.padded_num_tokens)
         assert torch.equal(out.logits, eager.logits), f"step {step} read another step's inputs"
+
+
+def test_a_step_over_kept_rows_stages_what_a_fresh_layout_would():
+    """A decode step of the shape the last one kept rewrites only what changed (restage); what it
+    stages must equal what planning and staging the whole step from scratch would, through
+    positions crossing a block, a request taking another's row, the requests in another order, a
+    released id coming back with another table, and steps in between that forget the kept rows (eager, a padding fill, a mixed
+    batch, another shape)."""
+    import random
+
+    from reference_runtime.engine.buffers import StaticBuffers
+
+    r = runner(mode="FULL_AND_PIECEWISE")
+    r.capture()
+    b = r.buffers
+    fresh = StaticBuffers(b.max_tokens, b.max_rows, b.max_blocks, r.config.max_model_len, "cpu")
+    rng = random.Random(0)
+    contexts = {i: 0 for i in range(3)}
+    r.step([Request(i, (5,) * 14, 0) for i in contexts])  # 14 tokens: a block boundary two steps on
+    contexts = dict.fromkeys(contexts, 14)
+    next_id, restaged = 3, 0
+    for step in range(60):
+        if step % 9 == 4:  # a request leaves and a new one takes its row: same shape, another table
+            gone = rng.choice(sorted(contexts))
+            r.release(gone)
+            del contexts[gone]
+            comeback = gone if step % 2 else next_id  # a released id may come back with a new table
+            next_id += comeback == next_id
+            r.step([Request(comeback, (6,) * (3 + step % 5), 0)])
+            contexts[comeback] = 3 + step % 5
+        if step % 7 == 3:  # the same requests in another order: each row now holds another's table
+            contexts = dict(reversed(contexts.items()))
+        if step % 13 == 7:
+            extra = dict(contexts)
+            r.step([Request(i, (7,), c) for i, c in extra.items()], padding_fill="random")
+        if step % 17 == 11:
+            r.eager_step([Request(i, (8,), c) for i, c in contexts.items()], 4)
+        requests = [Request(i, (rng.randrange(1, 200),), c) for i, c in contexts.items()]
+        calls = []
+        original = b.restage
+        b.restage = lambda *a: calls.append(original(*a)) or calls[-1]
+        try:
+            out = r.step(requests)
+        finally:
+            del b.restage
+        assert out.runtime_mode == "FULL"
+        restaged += calls[0] is not None
+        layout = plan_layout(requests, r.allocator, out.padded_num_tokens, r.q, r.max_rows, uniform=True)
+        m = fresh.stage(layout, rows=out.padded_num_tokens)
+        assert m == len(b._where(out.padded_num_tokens, out.padded_num_tokens))
+        assert torch.equal(b._host[: 2 * m], fresh._host[: 2 * m]), f"step {step} staged other values"
+        assert r.last_layout == layout, f"step {step} ran with another layout than planning gives"
+        if step % 6 == 5:  # an eager step stages over the kept rows too: the next step plans afresh
+            assert torch.equal(out.logits, r.eager_step(requests, out.padded_num_tokens).logits), step
+        for i in contexts:
+            contexts[i] += 1
+    assert restaged >= 30, f"only {restaged} of 60 steps reused the kept rows"
 
 
 def test_capture_order_counts_and_phase():

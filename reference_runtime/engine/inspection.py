@@ -44,6 +44,7 @@ def padding_filled(runner, layout, fill: str | None):
     try:
         yield filled
     finally:
+        runner.buffers.forget()  # the next step must not keep these padded rows
         if fill in ("nan", "inf"):
             null_block.zero_()
             cache.data[:, :, cache.scratch_slot].zero_()

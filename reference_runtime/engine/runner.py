@@ -273,6 +273,12 @@ class ModelRunner:
         return self._run(requests, CUDAGraphMode.NONE, padded_num_tokens, layout_uniform, None)
 
     def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None) -> StepOutput:
+        if mode is CUDAGraphMode.FULL and padding_fill is None and key.uniform:
+            # A decode step like the last one: update the layout and rows it kept (buffers.py).
+            layout = self.buffers.restage(requests, self.allocator, size, self.full_rows(key))
+            if layout is not None:
+                self.last_layout = layout
+                return self._execute(layout, mode, key)
         layout = plan_layout(list(requests), self.allocator, size, self.q, self.max_rows, uniform=layout_uniform)
         if padding_fill is None:
             return self._load_and_execute(layout, mode, key)
