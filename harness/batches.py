@@ -82,6 +82,29 @@ def advance(seqs: list[Sequence], requests: list[Request]) -> None:
         known[r.request_id].add(r.token_ids)
 
 
+# Decode batches of one size over six live requests (indices into the pool), step after step: the
+# same requests again, reversed, rotated, one swapped for a request that sat out, all swapped, then
+# the same again; contexts of 20-26 tokens cross a 32-token boundary on the way. An engine that
+# keeps request rows from step to step (vLLM's persistent batch) must follow each request.
+OWNER_POOL = (20, 23, 21, 26, 22, 24)
+OWNER_ROWS = ((0, 1, 2), (0, 1, 2), (2, 1, 0), (1, 2, 0), (3, 2, 0), (3, 4, 5), (5, 4, 3), (5, 4, 3), (0, 4, 3),
+              (0, 4, 3), (4, 0, 3), (1, 2, 5))
+
+
+def rows_changing_owner(engine, first_id: int):
+    """Prefill the OWNER_POOL requests (ids from first_id) on `engine`, then yield the OWNER_ROWS
+    decode batches one at a time, each with its requests' tokens before the step ({id: tokens}).
+    The caller runs each step before asking for the next; the requests are released at the end."""
+    pool = [prefill(engine, [first_id + i], [n])[0] for i, n in enumerate(OWNER_POOL)]
+    for rows in OWNER_ROWS:
+        seqs = [pool[i] for i in rows]
+        requests = decode_requests(seqs)
+        yield requests, {s.request_id: list(s.tokens) for s in seqs}
+        advance(pool, requests)
+    for s in pool:
+        engine.release(s.request_id)
+
+
 def describe_batch(requests) -> str:
     decode = sum(1 for r in requests if r.context_len > 0)
     tokens = sum(len(r.token_ids) for r in requests)

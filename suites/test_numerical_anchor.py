@@ -7,13 +7,15 @@ swapped) passes them. Here the expected logits come from outside the engine: the
 the preset's seeded weights as a Hugging Face checkpoint, the engine loads it
 (`loads_checkpoint`), and `harness.anchor` computes each request's rows from its whole sequence.
 Logits must agree within the engine dtype's tolerance (harness.anchor.TOLERANCE), and the greedy
-token must be the same wherever the anchor's top-2 margin exceeds that tolerance.
+token must be the same wherever the anchor's top-2 margin exceeds that tolerance. Decode steps
+whose rows change owner run against it too: a persistent batch that mixes up rows on every path
+passes replay equivalence, since eager and graph steps then agree.
 """
 import pytest
 import torch
 
 from harness.anchor import TOLERANCE, Anchor, top2_margin
-from harness.batches import describe_batch, prompt
+from harness.batches import describe_batch, prompt, rows_changing_owner
 from harness.protocol import Request
 from harness.records import Anchor as AnchorRecord
 from harness.vocabulary import INDEPENDENT_FORWARD
@@ -59,19 +61,34 @@ def generation(engine, anchor, first_id: int, q: int = 1, steps: int = 8):
 @pytest.mark.parametrize("mode", MODES)
 def test_every_step_matches_transformers(check, engines, record, anchor, mode):
     engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
-    _compare(check, engines, record, anchor, engine, mode, q=1)
+    _compare(check, engines, record, anchor, generation(engine, anchor, engines.new_id() * 100), mode)
 
 
 @pytest.mark.requires("speculative")
 def test_verify_steps_match_transformers(check, engines, record, anchor):
     engine = engines.for_mode("FULL_AND_PIECEWISE", spec=1)
-    _compare(check, engines, record, anchor, engine, "FULL_AND_PIECEWISE q=2", q=2)
+    _compare(check, engines, record, anchor, generation(engine, anchor, engines.new_id() * 100, q=2),
+             "FULL_AND_PIECEWISE q=2")
 
 
-def _compare(check, engines, record, anchor, engine, label, q):
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+def test_decode_rows_follow_their_requests(check, engines, record, anchor, mode):
+    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS): an engine
+    that keeps request rows from step to step must follow each request, on every path (eager
+    included, where replay equivalence has nothing to compare with)."""
+    engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
+
+    def steps():
+        for requests, history in rows_changing_owner(engine, engines.new_id() * 100):
+            yield requests, engine.step(requests), anchor.step(requests, history)
+    _compare(check, engines, record, anchor, steps(), f"{mode}, rows changing owner")
+
+
+def _compare(check, engines, record, anchor, steps_run, label):
+    """Each step's logits (steps_run yields requests, output, anchor rows) against the anchor."""
     tolerance = TOLERANCE[engines.dtype]
     largest, compared, equal, steps = 0.0, 0, 0, 0
-    for requests, out, expected in generation(engine, anchor, engines.new_id() * 100, q=q):
+    for requests, out, expected in steps_run:
         steps += 1
         got = out.logits.float().cpu()
         difference = float((got - expected).abs().max())

@@ -6,18 +6,20 @@ engine and an eager engine driven through the same generation agree at every ste
 decode steps of one size whose rows change owner (an engine that keeps request rows from step to
 step, as vLLM's persistent batch does, must follow each request to its row).
 
-Expected values: an eager step of the same runtime at the same shape. The mode each step ran
+Expected values: an eager step of the same runtime at the same shape (of the same engine, or of a
+second engine fed the same steps). The mode each step ran
 is checked against the runtime's own dispatch() on every step (harness.observe).
 """
 import pytest
 
-from harness.batches import (Sequence, advance, decode_requests, describe_batch, mixed_requests, prefill,
-                             uneven_requests)
+from harness.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
+                             prefill, rows_changing_owner, uneven_requests)
 from harness.vocabulary import EAGER
 
 INVARIANT = "replay equivalence"
 pytestmark = pytest.mark.requires("execution")
 GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+TWIN_EAGER = "an eager step of a second engine of the same runtime and mode, driven through the same steps"
 LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
 
 
@@ -127,50 +129,17 @@ def test_generation_matches_eager_step_by_step(check, engines, mode):
                         case=f"{batch}; {mode} engine ran {ran} at {padded}")
 
 
-# Decode batches of one size over six live requests (indices into the pool), step after step:
-# the same requests again, reversed, rotated, one swapped for a request that sat out, all
-# swapped, then the same again; contexts of 20-26 tokens cross a 32-token boundary on the way.
-POOL = [20, 23, 21, 26, 22, 24]
-ROWS = [(0, 1, 2), (0, 1, 2), (2, 1, 0), (1, 2, 0), (3, 2, 0), (3, 4, 5), (5, 4, 3), (5, 4, 3), (0, 4, 3),
-        (0, 4, 3), (4, 0, 3), (1, 2, 5)]
-
-
-def rows_changing_owner(engine, step):
-    """Run the ROWS decode steps over a prefilled pool; `step(requests)` runs one and returns
-    (logits, padded size, runtime mode). Request ids are fixed so two engines see the same inputs."""
-    pool = [prefill(engine, [60_000 + i], [n])[0] for i, n in enumerate(POOL)]
-    trace = []
-    for rows in ROWS:
-        requests = decode_requests([pool[i] for i in rows])
-        logits, padded, ran = step(requests)
-        trace.append((describe_batch(requests), padded, ran, logits))
-        advance(pool, requests)
-    for s in pool:
-        engine.release(s.request_id)
-    return trace
-
-
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_decode_rows_follow_their_requests(check, engines, mode):
-    """Decode steps of one shape whose rows change owner, against an eager engine of the same
-    runtime driven through the same steps: no eager step runs in between on the graph engine, so
-    whatever it kept from the last step is what the next one builds on."""
-    graph_engine = engines.for_mode(mode, fresh=True)
-    eager_engine = engines.get(mode="NONE", fresh=True, capture=False)
-
-    def graph_step(requests):
-        out = graph_engine.step(requests)
-        return out.logits, out.padded_num_tokens, out.runtime_mode
-
-    graph_trace = rows_changing_owner(graph_engine, graph_step)
-    pads = iter([padded for _, padded, _, _ in graph_trace])
-
-    def eager_step(requests):
-        out = eager_engine.eager_step(requests, next(pads))
-        return out.logits, out.padded_num_tokens, out.runtime_mode
-
-    eager_trace = rows_changing_owner(eager_engine, eager_step)
-    for t, ((batch, padded, ran, logits), (_, _, _, expected)) in enumerate(zip(graph_trace, eager_trace)):
-        check.same_bits(logits, expected, source="an eager engine of the same runtime driven through the same steps",
-                        what=f"decode step {t} of one size whose rows change owner (rows {ROWS[t]} of the pool)",
-                        case=f"{batch}; {mode} engine ran {ran} at {padded}")
+    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS) on a graph
+    engine, with no other step in between, so whatever it kept from one step is what the next
+    builds on; each against an eager step of a second engine of the same mode driven through the
+    same steps (a bug shared by both paths is the numerical anchor's to catch)."""
+    graph_engine, twin = engines.for_mode(mode, fresh=True), engines.for_mode(mode, fresh=True)
+    graph = [(requests, graph_engine.step(requests)) for requests, _ in rows_changing_owner(graph_engine, 60_000)]
+    for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000)):
+        got = graph[t][1]
+        expected = twin.eager_step(requests, got.padded_num_tokens)
+        check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
+                        what=f"decode step {t} of one size whose rows change owner (rows {OWNER_ROWS[t]} of the pool)",
+                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}")

@@ -152,6 +152,27 @@ class _KeptRowsKeepTheirTables(ModelRunner):
         buffers.restage = restage_by_length
 
 
+class _RowsKeepTheirTablesOnEveryPath(ModelRunner):
+    """A persistent batch that rebuilds its rows' block tables only when the number of rows changes
+    (a request joined or left), and otherwise only grows them, on every path, eager included: a
+    request that takes another's row in a batch of the same size reads the old occupant's blocks,
+    and eager and graph steps agree on the wrong answer."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._row_tables: list[list[int]] = []
+        self.buffers.restage = lambda *args: None  # every step plans and stages its layout
+
+    def _load_and_execute(self, layout, mode, key):
+        kept = self._row_tables
+        if len(kept) == len(layout.block_tables):
+            tables = [old if len(old) == len(new) else list(new) for old, new in zip(kept, layout.block_tables)]
+        else:
+            tables = [list(table) for table in layout.block_tables]
+        self._row_tables = tables
+        return super()._load_and_execute(replace(layout, block_tables=tables), mode, key)
+
+
 class _IgnoresPaddingFills(ModelRunner):
     """Accepts padding_fill and ignores it: the suites' padded-row checks test nothing."""
 
@@ -438,6 +459,7 @@ PadsBelowBatch = mutant("pads-below-batch", _PadsBelowBatch)
 LeakyReduction = mutant("leaky-batch-reduction", _LeakyReduction)
 StalePaddedPositions = mutant("stale-padded-positions", _StalePaddedPositions)
 KeptRowsKeepTheirTables = mutant("kept-rows-keep-their-tables", _KeptRowsKeepTheirTables)
+RowsKeepTheirTablesOnEveryPath = mutant("rows-keep-their-tables-on-every-path", _RowsKeepTheirTablesOnEveryPath)
 IgnoresPaddingFills = mutant("ignores-padding-fills", _IgnoresPaddingFills)
 OutputsOverwritten = mutant("outputs-overwritten", _OutputsOverwritten)
 SwapBreaksTheStep = _engine_mutant("swap-breaks-the-step", _SwapBreaksTheStep)
@@ -460,7 +482,7 @@ RecapturesSilently = mutant("recaptures-silently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", _CapturesInService)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
-           KeptRowsKeepTheirTables, IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
+           KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
            ReportsGraphRunsEager, ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay,
            WindowFrozenAtCapture, AlwaysLiar, RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity,
            PiecewiseIsOneGraph, GraphMemoryInKiB, SecondCaptureTypeError, RecapturesSilently, CapturesInService]
