@@ -131,11 +131,12 @@ def test_generation_matches_eager_step_by_step(check, engines, mode):
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_decode_rows_follow_their_requests(check, engines, mode):
-    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS) on a graph
-    engine, with no other step in between, so whatever it kept from one step is what the next
-    builds on; each against an eager step of a second engine of the same mode driven through the
-    same steps (a bug shared by both paths is the numerical anchor's to catch)."""
-    graph_engine, twin = engines.for_mode(mode, fresh=True), engines.for_mode(mode, fresh=True)
+    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS) on a fresh
+    graph engine, with no other step in between, so whatever it kept from one step is what the
+    next builds on; each against an eager step of a second engine of the same mode (the suites'
+    shared one) driven through the same steps. A bug shared by both paths is the numerical
+    anchor's to catch."""
+    graph_engine, twin = engines.for_mode(mode, fresh=True), engines.for_mode(mode)
     graph = [(requests, graph_engine.step(requests)) for requests, _ in rows_changing_owner(graph_engine, 60_000)]
     for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000)):
         got = graph[t][1]

@@ -28,15 +28,18 @@ class KVCache:
         self._values = [self.data[layer, 1] for layer in range(num_layers)]
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self._keys[layer]
+        # Traced by torch.compile, the view is made inside the trace: a view made beforehand enters
+        # it as an input whose view metadata dynamo re-derives, and torch 2.11 failed that check
+        # (an AssertionError on requires_grad, reports/h200/matrix/before_fix/reference-compile.log).
+        return self.data[layer, 0] if torch.compiler.is_compiling() else self._keys[layer]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self._values[layer]
+        return self.data[layer, 1] if torch.compiler.is_compiling() else self._values[layer]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         slots = torch.where(slot_mapping >= 0, slot_mapping, self.scratch_slot)
-        self._keys[layer].index_copy_(0, slots, k)
-        self._values[layer].index_copy_(0, slots, v)
+        self.keys(layer).index_copy_(0, slots, k)
+        self.values(layer).index_copy_(0, slots, v)
 
     def real_blocks(self) -> torch.Tensor:
         """Every slot of every real block (the scratch slot excluded), for snapshots in tests."""
