@@ -71,11 +71,13 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
     requests = decode_requests(contexts(bench_engines, engine)[:batch])
     step = synced(engine, requests)
     out = step()
-    # How fast the host ran around the timing, for reading a host-paced figure against another run's
-    # (a lent machine's host speed drifts within seconds, so before and after, averaged).
-    host_before = host_reference_ms()
-    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    host_ms = (host_before + host_reference_ms()) / 2
+    # How fast the host ran while the step was timed, for reading a host-paced figure against another
+    # run's: a lent machine's host changes speed within seconds, so the reference loop runs once
+    # before each round (untimed) and its median is the figure's.
+    host_samples = []
+    benchmark.pedantic(step, setup=lambda: host_samples.append(host_reference_ms(repeats=1)), rounds=ROUNDS,
+                       warmup_rounds=WARMUP, iterations=1)
+    host_ms = statistics.median(host_samples[-ROUNDS:])
     host_step_ms = statistics.median(step.host_s[-ROUNDS:]) * 1e3  # the timed rounds' own
     stats = benchmark.stats.stats
     replay_ms = pipelined_ms = None
