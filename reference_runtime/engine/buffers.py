@@ -7,7 +7,7 @@ requests whose block table points at the null block.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -118,11 +118,11 @@ class StaticBuffers:
     capture, so a FULL step stages the graph's row count, rows past its layout as padding.
 
     A uniform step leaves its layout and rows for the next step of the same shape and request
-    count, as vLLM's persistent batch does: `restage` updates only each request's
-    tokens, positions, slots and length, and its block table row when the table grew or another
-    request took the row, in the layout and the pinned buffer alike. Any other staging forgets
-    them. (On the H200 at batch 1, planning and staging were 16 of the ~20 us of host time before a
-    FULL step's launch.)
+    count, as vLLM's persistent batch does: `restage` updates only each request's tokens,
+    positions, slots and length, and its block table row when the table grew or another request
+    took the row, in the layout and the pinned buffer alike. Any other staging forgets them. (On
+    the H200 at batch 1, planning and staging were 16 of the ~20 us of host time before a FULL
+    step's launch.)
     """
 
     NAMES = ("input_ids", "positions", "slot_mapping", "token_req", "block_tables", "seq_lens", "query_start_loc")
