@@ -91,14 +91,15 @@ OWNER_ROWS = ((0, 1, 2), (0, 1, 2), (2, 1, 0), (1, 2, 0), (3, 2, 0), (3, 4, 5), 
               (0, 4, 3), (4, 0, 3), (1, 2, 5))
 
 
-def rows_changing_owner(engine, first_id: int):
+def rows_changing_owner(engine, first_id: int, q: int = 1):
     """Prefill the OWNER_POOL requests (ids from first_id) on `engine`, then yield the OWNER_ROWS
-    decode batches one at a time, each with its requests' tokens before the step ({id: tokens}).
-    The caller runs each step before asking for the next; the requests are released at the end."""
+    decode (q = 1) or verify (q > 1) batches one at a time, each with its requests' tokens before
+    the step ({id: tokens}). The caller runs each step before asking for the next; the requests
+    are released at the end."""
     pool = [prefill(engine, [first_id + i], [n])[0] for i, n in enumerate(OWNER_POOL)]
     for rows in OWNER_ROWS:
         seqs = [pool[i] for i in rows]
-        requests = decode_requests(seqs)
+        requests = decode_requests(seqs, q)
         yield requests, {s.request_id: list(s.tokens) for s in seqs}
         advance(pool, requests)
     for s in pool:

@@ -136,11 +136,22 @@ def test_decode_rows_follow_their_requests(check, engines, mode):
     next builds on; each against an eager step of a second engine of the same mode (the suites'
     shared one) driven through the same steps. A bug shared by both paths is the numerical
     anchor's to catch."""
-    graph_engine, twin = engines.for_mode(mode, fresh=True), engines.for_mode(mode)
-    graph = [(requests, graph_engine.step(requests)) for requests, _ in rows_changing_owner(graph_engine, 60_000)]
-    for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000)):
-        got = graph[t][1]
+    _rows_follow_their_requests(check, engines.for_mode(mode, fresh=True), engines.for_mode(mode), q=1)
+
+
+@pytest.mark.requires("speculative")
+def test_verify_rows_follow_their_requests(check, engines):
+    """The same with verify steps of q = 2 tokens a request (a row's positions and slots span two)."""
+    mode = "FULL_AND_PIECEWISE"
+    _rows_follow_their_requests(check, engines.for_mode(mode, spec=1, fresh=True), engines.for_mode(mode, spec=1), q=2)
+
+
+def _rows_follow_their_requests(check, graph_engine, twin, q):
+    steps = "decode" if q == 1 else f"verify (q = {q})"
+    graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, 60_000, q)]
+    for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000, q)):
+        got = graph[t]
         expected = twin.eager_step(requests, got.padded_num_tokens)
         check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
-                        what=f"decode step {t} of one size whose rows change owner (rows {OWNER_ROWS[t]} of the pool)",
+                        what=f"{steps} step {t} of one size whose rows change owner (rows {OWNER_ROWS[t]} of the pool)",
                         case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}")

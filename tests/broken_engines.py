@@ -152,6 +152,30 @@ class _KeptRowsKeepTheirTables(ModelRunner):
         buffers.restage = restage_by_length
 
 
+class _KeptRowsUpdateOneTokenARow(ModelRunner):
+    """Keeps request rows from step to step and updates only each row's first token position and
+    slot, as if every step were a one-token decode: a verify step's later tokens keep the positions
+    and slots of the step before, so they attend from the wrong place and write over old KV."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        buffers, restage = self.buffers, self.buffers.restage
+
+        def restage_first_tokens(requests, allocator, num_tokens, rows):
+            kept = buffers._kept
+            before = None if kept is None else (list(kept.layout.positions), list(kept.layout.slot_mapping))
+            layout = restage(requests, allocator, num_tokens, rows)
+            if layout is not None and layout.uniform_q > 1:
+                n, q, pinned = num_tokens, layout.uniform_q, buffers._host_items
+                for t in range(len(requests) * q):
+                    if t % q:  # not a row's first token: left as the last step had it
+                        layout.positions[t] = pinned[n + t] = before[0][t]
+                        layout.slot_mapping[t] = pinned[2 * n + t] = before[1][t]
+            return layout
+
+        buffers.restage = restage_first_tokens
+
+
 class _RowsKeepTheirTablesOnEveryPath(ModelRunner):
     """A persistent batch that rebuilds its rows' block tables only when the number of rows changes
     (a request joined or left), and otherwise only grows them, on every path, eager included: a
@@ -460,6 +484,7 @@ LeakyReduction = mutant("leaky-batch-reduction", _LeakyReduction)
 StalePaddedPositions = mutant("stale-padded-positions", _StalePaddedPositions)
 KeptRowsKeepTheirTables = mutant("kept-rows-keep-their-tables", _KeptRowsKeepTheirTables)
 RowsKeepTheirTablesOnEveryPath = mutant("rows-keep-their-tables-on-every-path", _RowsKeepTheirTablesOnEveryPath)
+KeptRowsUpdateOneTokenARow = mutant("kept-rows-update-one-token-a-row", _KeptRowsUpdateOneTokenARow)
 IgnoresPaddingFills = mutant("ignores-padding-fills", _IgnoresPaddingFills)
 OutputsOverwritten = mutant("outputs-overwritten", _OutputsOverwritten)
 SwapBreaksTheStep = _engine_mutant("swap-breaks-the-step", _SwapBreaksTheStep)
@@ -482,7 +507,8 @@ RecapturesSilently = mutant("recaptures-silently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", _CapturesInService)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
-           KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, IgnoresPaddingFills, OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone,
-           ReportsGraphRunsEager, ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay,
-           WindowFrozenAtCapture, AlwaysLiar, RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity,
-           PiecewiseIsOneGraph, GraphMemoryInKiB, SecondCaptureTypeError, RecapturesSilently, CapturesInService]
+           KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, KeptRowsUpdateOneTokenARow, IgnoresPaddingFills,
+           OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone, ReportsGraphRunsEager,
+           ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
+           RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
+           SecondCaptureTypeError, RecapturesSilently, CapturesInService]
