@@ -144,9 +144,9 @@ class _KeptRowsKeepTheirTables(ModelRunner):
             kept = buffers._kept
             if kept is not None and len(kept.tables) == len(requests):
                 for row, request in enumerate(requests):
-                    table, (_, seen_len) = allocator.tables.get(request.request_id), kept.tables[row]
-                    if table is not None and len(table) == seen_len:
-                        kept.tables[row] = (table, seen_len)  # a table as long as the row's passes for it
+                    table = allocator.tables.get(request.request_id)
+                    if table is not None and kept.tables[row] is not None and len(table) == len(kept.tables[row]):
+                        kept.tables[row] = table  # a table as long as the row's passes for it
             return restage(requests, allocator, num_tokens, rows)
 
         buffers.restage = restage_by_length

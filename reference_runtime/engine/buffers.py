@@ -98,7 +98,7 @@ def plan_layout(requests: list[Request], allocator: BlockAllocator, num_tokens: 
 class KeptRows:
     """A uniform step's layout, kept with what it left in the pinned buffer for the next step of its
     shape, and per request row the allocator's block table written there (the list itself, so that
-    another request's table of the same length is never taken for it) with its length then."""
+    another request's table of the same length is never taken for it; None: not known)."""
 
     layout: Layout
     destinations: np.ndarray
@@ -212,7 +212,7 @@ class StaticBuffers:
             host[m: 2 * m] = destinations
             self._staged_for = destinations
         if layout.uniform_q is not None:
-            self._kept = KeptRows(layout, destinations, [(None, 0)] * (layout.num_real_tokens // layout.uniform_q))
+            self._kept = KeptRows(layout, destinations, [None] * (layout.num_real_tokens // layout.uniform_q))
         return m
 
     def forget(self) -> None:
@@ -227,8 +227,8 @@ class StaticBuffers:
         if kept is None or len(kept.tables) != len(requests) or kept.destinations is not self._where(num_tokens, rows):
             return None
         layout = kept.layout
-        n, q, width, size = num_tokens, layout.uniform_q, self.max_blocks, allocator.block_size
-        if any(len(request.token_ids) != q for request in requests):
+        n, q, width = num_tokens, layout.uniform_q, self.max_blocks
+        if requests and query_len_if_uniform(requests, q) is None:
             return None
         self._wait_for_last_copy()
         values, tables_at = self._host_items, len(kept.destinations) - rows * width
@@ -236,21 +236,19 @@ class StaticBuffers:
         for row, request in enumerate(requests):
             start = request.context_len
             table = allocator.ensure(request.request_id, start + q)
-            seen, seen_len = kept.tables[row]
-            if seen is not table or seen_len != len(table):
+            if kept.tables[row] is not table or len(layout.block_tables[row]) != len(table):  # another's, or grown
                 if len(table) > width:
                     raise ValueError(f"a request needs {len(table)} blocks; max_model_len allows {width}")
                 at = tables_at + row * width
                 self._host_np[at: at + width] = NULL_BLOCK
                 self._host_np[at: at + len(table)] = table
                 layout.block_tables[row] = list(table)
-                kept.tables[row] = (table, len(table))
+                kept.tables[row] = table
             for j, token in enumerate(request.token_ids):  # the token rows' values (see _where for the order)
                 t, position = row * q + j, start + j
-                slot = table[position // size] * size + position % size
                 ids[t] = values[t] = token
                 positions[t] = values[n + t] = position
-                slots[t] = values[2 * n + t] = slot
+                slots[t] = values[2 * n + t] = allocator.slot(request.request_id, position)
             seq_lens[row] = values[4 * n + row] = start + q
         return layout
 
