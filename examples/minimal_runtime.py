@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from harness import presets
+from harness.expectations import presets
 from harness.graphs import emulator
 from harness.protocol import (Capabilities, CaptureReport, Descriptor, Dispatch, EngineConfig, PolicyConfig,
                               Resolution, StepResult)

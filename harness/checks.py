@@ -11,7 +11,7 @@ from dataclasses import fields, is_dataclass
 
 import pytest
 
-from .safe import safe_repr
+from harness.reliability.safe import safe_repr
 
 WINDOW = 8  # list elements shown on each side of the first difference
 
@@ -91,7 +91,7 @@ class Check:
 
     def same_bits(self, actual, expected, *, what: str, source: str, case=None) -> None:
         """Bit-equality of tensors (torch.equal, NaN by bit pattern); records the largest difference."""
-        from .equality import first_mismatch, largest_difference
+        from harness.expectations.equality import first_mismatch, largest_difference
 
         mismatch = first_mismatch(actual, expected)
         if mismatch is not None:
@@ -102,7 +102,7 @@ class Check:
     def note_difference(self, difference: float | None) -> None:
         """Remember the largest numeric deviation, for known-failure bounds (max_difference)."""
         if self._node is not None and difference is not None:
-            from .known_failures import DIFFERENCE_KEY
+            from harness.session.known_failures import DIFFERENCE_KEY
 
             self._node.stash[DIFFERENCE_KEY] = max(difference, self._node.stash.get(DIFFERENCE_KEY, 0.0))
 

@@ -12,19 +12,22 @@ import shlex
 
 import pytest
 
-from . import checks, known_failures, registry, render, report, robustness
-from .hypothesis_profiles import default_profile, register_profiles
-from . import machine
-from .protocol import Capabilities
-from .records import check_record
-from .vocabulary import GRAPH_BACKENDS, PADDING_FILLS
+from harness import checks
+from harness.protocol import Capabilities
+from harness.reliability import robustness
+from harness.reports import render, report
+from harness.reports.records import check_record
+from harness.runtime import registry
+from harness.session import known_failures, machine, scheduling
+from harness.session.hypothesis_profiles import default_profile, register_profiles
+from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS
 
 CONFORMANCE = pytest.StashKey["Conformance"]()
 register_profiles()
 
 
 def pytest_addhooks(pluginmanager):
-    from . import hookspecs
+    from harness import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
@@ -47,7 +50,7 @@ def pytest_addoption(parser):
                     help="graph backend for the execution suites (default: cuda when a GPU is present and the "
                          "runtime offers it, else emulated)")
     group.addoption("--preset", default="tiny", metavar="NAME",
-                    help="model preset of the execution suites (default %(default)s; harness/presets.py); an engine "
+                    help="model preset of the execution suites (default %(default)s; harness/expectations/presets.py); an engine "
                          "that cannot run the tiny model's shapes runs the suites on 'small'")
     group.addoption("--bench-preset", default="small", metavar="NAME",
                     help="model preset for the benchmark lane (default %(default)s)")
@@ -61,7 +64,7 @@ class Conformance:
     """What this run tests: the runtime, how it was named, its graph backend, the hypothesis seed."""
 
     def __init__(self, config, runtime, runtime_option: str):
-        from .boundary import RuntimeProxy
+        from harness.runtime.boundary import RuntimeProxy
 
         self.runtime = RuntimeProxy(runtime)
         self.runtime_option = runtime_option
@@ -95,53 +98,6 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
     return chosen, None
 
 
-# Suites whose tests share a costly resource of their process (a data-parallel rank pool, the
-# transformers anchor): under xdist each of these files runs on one worker, which pays for it once.
-ONE_WORKER_PER_FILE = ("suites/test_data_parallel_execution.py", "suites/test_numerical_anchor.py")
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """xdist's "load" (any test to any idle worker), except that each file above goes whole to one
-    worker; those go first, being the longest units."""
-    try:
-        from xdist.scheduler import LoadScopeScheduling
-    except ImportError:
-        return None
-    uses = ("_split_scope", "_reschedule", "schedule", "remove_node")  # xdist's internals this leans on
-    if config.getoption("dist") != "load" or not all(hasattr(LoadScopeScheduling, name) for name in uses):
-        return None  # xdist's own choice
-
-    class SharedResourceScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            return path if path.endswith(ONE_WORKER_PER_FILE) else nodeid
-
-        def schedule(self):
-            replacing = self.collection is not None  # a worker replaced one that died
-            super().schedule()
-            if replacing:  # a second unit, or its shutdown: a worker runs a test once it knows the next
-                for node in self.nodes:
-                    self._reschedule(node)
-
-        def remove_node(self, node):
-            # A worker that died (a native hang the watchdog ended, say): its running test is
-            # reported as crashed and not run again (loadscope would requeue it, and loop on
-            # it); the rest of its work goes back in the queue.
-            workload = self.assigned_work.pop(node)
-            pending = [(scope, nodeid) for scope, unit in workload.items() for nodeid, done in unit.items() if not done]
-            if not pending:
-                return None
-            scope, crashed = pending[0]
-            workload[scope][crashed] = True
-            self.workqueue.update((s, unit) for s, unit in workload.items() if not all(unit.values()))
-            for other in self.assigned_work:
-                self._reschedule(other)
-            return crashed
-
-    return SharedResourceScheduling(config, log)
-
-
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own configure reads the seed
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
@@ -156,6 +112,7 @@ def pytest_configure(config):
         config.option.hypothesis_seed = random.randrange(2**32)
     conformance = Conformance(config, runtime, option)
     config.stash[CONFORMANCE] = conformance
+    config.pluginmanager.register(scheduling, "cudagraph-conformance-scheduling")
     config.pluginmanager.register(robustness.Robustness(config, runtime), "cudagraph-conformance-robustness")
     try:
         known = known_failures.KnownFailurePlugin.from_config(config, runtime, conformance.graph_backend)
@@ -285,7 +242,7 @@ def check(request, runtime):
 
 @pytest.fixture
 def record(request):
-    """record(harness.records.X(...)): a measurement, stored with this test in the JSON report."""
+    """record(harness.reports.records.X(...)): a measurement, stored with this test in the JSON report."""
     def add(item) -> None:
         request.node.user_properties.append(("record", check_record(item)))
 
@@ -310,7 +267,7 @@ def graph_backend(pytestconfig):
 
 @pytest.fixture(scope="session")
 def engine_factory(runtime, graph_backend, pytestconfig):
-    from .observe import EngineFactory
+    from harness.runtime.observe import EngineFactory
 
     factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"))
     yield factory
@@ -332,7 +289,7 @@ def bench_engines(runtime, graph_backend, pytestconfig):
     """Engines for the benchmark lane: a real model in bf16 on CUDA graphs, vLLM's default grid."""
     if graph_backend != "cuda":
         pytest.skip("benchmarks need CUDA graphs on a GPU; the emulator's timings mean nothing")
-    from .observe import BENCHMARK_ENGINE, EngineFactory
+    from harness.runtime.observe import BENCHMARK_ENGINE, EngineFactory
 
     factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), **BENCHMARK_ENGINE)
     yield factory

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
-from .vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
+from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Runtime(Protocol):
 class EngineConfig:
     """What to build: a model preset on a device, its graph options and scheduler limits."""
 
-    preset: str = "tiny"  # harness.presets: the model's shape and seeded weights
+    preset: str = "tiny"  # harness.expectations.presets: the model's shape and seeded weights
     dtype: str = "float32"
     device: str = "cpu"
     graph_backend: str = "emulated"  # "cuda" or "emulated"

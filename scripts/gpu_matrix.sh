@@ -30,5 +30,5 @@ for entry in "${runtimes[@]}"; do
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-python -m harness.render "$out"/*/conformance-*.json --out "$out" --title "GPU matrix" || status=1
+python -m harness.reports.render "$out"/*/conformance-*.json --out "$out" --title "GPU matrix" || status=1
 exit "$status"

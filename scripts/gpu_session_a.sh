@@ -27,7 +27,7 @@ for preset in small medium; do
         --benchmark-json "$R/bench-$preset/benchmark.json" -q > "$R/bench-$preset.log" 2>&1
     stamp "bench $preset: $(tail -1 "$R/bench-$preset.log")"
 done
-python -m harness.render "$R"/suites/conformance-*.json "$R"/bench-*/conformance-*.json --out "$R/nightly" \
+python -m harness.reports.render "$R"/suites/conformance-*.json "$R"/bench-*/conformance-*.json --out "$R/nightly" \
     --title "Nightly GPU run" --baseline reports/h200/nightly/bench-small/conformance-reference.json \
     --baseline reports/h200/nightly/bench-medium/conformance-reference.json > "$R/render.log" 2>&1
 stamp "rendered"

@@ -17,7 +17,7 @@ status=0
 # One-time work of a machine's first run, done before anything is timed: writing the presets'
 # checkpoints goes through transformers (its import took 10-20 s on a lent H200) and matplotlib
 # builds its font cache on first use (15 s there); either would land in the first benchmark's time.
-python -c "from harness.presets import checkpoint; [checkpoint(p) for p in ('tiny', 'small', 'medium')]
+python -c "from harness.expectations.presets import checkpoint; [checkpoint(p) for p in ('tiny', 'small', 'medium')]
 import matplotlib.font_manager" || status=$?
 
 python -m pytest suites/ --graph-backend cuda -p no:xdist -p no:cacheprovider --benchmark-skip \
@@ -30,7 +30,7 @@ for preset in small medium; do
         --benchmark-json "$out/bench-$preset/benchmark.json" -q --durations=15 || status=$?
 done
 
-render=(python -m harness.render "$out"/suites/conformance-*.json "$out"/bench-*/conformance-*.json
+render=(python -m harness.reports.render "$out"/suites/conformance-*.json "$out"/bench-*/conformance-*.json
         --out "$out" --title "Nightly GPU run")
 for baseline in "${baselines[@]}"; do
     render+=(--baseline "$baseline")

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness import registry  # noqa: E402
+from harness.runtime import registry  # noqa: E402
 from harness.protocol import PolicyConfig  # noqa: E402
 from harness.vocabulary import waste_percent  # noqa: E402
 
@@ -46,7 +46,7 @@ class Engine:
 
 
 def _load(spec: str):
-    """The runtime SPEC names: module:factory or an installed runtime's name (harness.registry,
+    """The runtime SPEC names: module:factory or an installed runtime's name (harness.runtime.registry,
     which raises RuntimeLoadError with what went wrong)."""
     return registry.resolve(spec, option="--engine")
 

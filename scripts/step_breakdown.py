@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 def build(preset: str):
     """(factory, engine): the benchmark lane's engine of the reference runtime, captured."""
-    from harness.observe import BENCHMARK_ENGINE, EngineFactory
+    from harness.runtime.observe import BENCHMARK_ENGINE, EngineFactory
     from reference_runtime.adapter import ReferenceRuntime
 
     factory = EngineFactory(ReferenceRuntime(), "cuda", preset=preset, **BENCHMARK_ENGINE)
@@ -43,7 +43,7 @@ def build(preset: str):
 
 def decode_batch(factory, engine, batch: int, context: int = 128):
     """`batch` requests with `context` tokens each in the KV cache, as one-token decode requests."""
-    from harness.batches import decode_requests, prefill
+    from harness.scenarios.batches import decode_requests, prefill
 
     seqs = []
     for start in range(0, batch, 8):  # 8 prompts a prefill step, as the benchmark lane does
@@ -155,7 +155,7 @@ def device_timeline(runner, requests, steps=20) -> dict:
 def stream_times(runner, requests, repeats=50) -> dict:
     import torch
 
-    from harness.timing import in_a_stream_ms
+    from harness.reports.timing import in_a_stream_ms
 
     graph = next(g for key, g in runner.full_graphs.items() if key.num_tokens == runner.last_layout.num_tokens
                  and key.uniform == (runner.last_layout.uniform_q is not None))

@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from harness import expected
-from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
+from harness.expectations import expected
+from harness.scenarios.batches import decode_requests, describe_batch, mixed_requests, prefill
 from harness.vocabulary import CONFIG_MODES, EAGER, OBSERVED, weakest
 
 INVARIANT = "backend support"

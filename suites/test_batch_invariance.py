@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from harness.batches import decode_requests, prefill
-from harness.records import BatchInvariance
+from harness.scenarios.batches import decode_requests, prefill
+from harness.reports.records import BatchInvariance
 
 INVARIANT = "batch invariance"
 pytestmark = pytest.mark.requires("execution")

@@ -13,11 +13,11 @@
 """
 import pytest
 
-from harness import expected
-from harness.batches import mixed_requests, prefill
+from harness.expectations import expected
+from harness.scenarios.batches import mixed_requests, prefill
 from harness.graphs.log import LOG
-from harness.records import Capture
-from harness.safe import describe_exception
+from harness.reports.records import Capture
+from harness.reliability.safe import describe_exception
 from harness.vocabulary import OBSERVED, RUNTIME_WORD, SPEC
 
 INVARIANT = "capture accounting"

@@ -9,10 +9,10 @@ corrupts or loses what it holds. Expected values: the KV snapshot before, the co
 """
 import pytest
 
-from harness import kv
-from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
+from harness.expectations import kv
+from harness.scenarios.batches import decode_requests, describe_batch, mixed_requests, prefill
 from harness.protocol import Request
-from harness.safe import describe_exception
+from harness.reliability.safe import describe_exception
 from harness.vocabulary import EAGER, OBSERVED
 
 INVARIANT = "capture side effects"

@@ -10,9 +10,9 @@
 import pytest
 from hypothesis import assume, given
 
-from harness import oracle
+from harness.expectations import oracle
 from harness.protocol import PolicyConfig
-from harness.strategies import plain_configs, policy_configs
+from harness.scenarios.strategies import plain_configs, policy_configs
 from harness.vocabulary import ORACLE, OWN_POLICY, SPEC
 
 INVARIANT = "capture sizes"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import oracle
+from harness.expectations import oracle
 from harness.protocol import Descriptor, Dispatch, PolicyConfig, RankBatch
 from harness.vocabulary import CONFIG_MODES, FAP, ORACLE, OWN_POLICY, RUNTIME_MODES, SPEC, lowest
 

@@ -1,7 +1,7 @@
 """Data-parallel execution (docs/spec.md section 4; invariant 9 of section 7): ranks in processes
 of their own agree through torch.distributed, inside the engine's step().
 
-Each rank is a process with its own engine (harness.distributed); every step each rank gets its
+Each rank is a process with its own engine (harness.scenarios.ranks); every step each rank gets its
 own batch, or none (idle), and the harness observes what each ran. Checked at every step:
 - each rank's reported mode matches the graph launches the harness counted in its process;
 - every rank runs the same mode: the lowest that the busy ranks' own dispatch() gives their
@@ -12,7 +12,7 @@ own batch, or none (idle), and the harness observes what each ran. Checked at ev
 - an idle rank runs a dummy batch: it joins the agreed mode and size, its graph launches are
   counted like any rank's (under NONE its eager forward is not observable), and it writes no KV;
 - no rank writes a KV slot outside its real tokens' slots (an idle rank: none at all);
-- under `vllm_policy`, each rank runs what harness.oracle.dp_dispatch says (an idle rank taking
+- under `vllm_policy`, each rank runs what harness.expectations.oracle.dp_dispatch says (an idle rank taking
   part as vLLM's dummy decode of one request);
 - a rank that hangs (it waits on a collective another rank skipped) fails the step within a
   bounded time, naming the step and every rank's batch.
@@ -25,10 +25,12 @@ import pytest
 from hypothesis import given, reject
 from hypothesis import strategies as st
 
-from harness import distributed, expected, oracle
-from harness.batches import Sequence, advance, decode_requests, is_uniform, prompt
+from harness.scenarios import ranks as distributed
+from harness.expectations import expected
+from harness.expectations import oracle
+from harness.scenarios.batches import Sequence, advance, decode_requests, is_uniform, prompt
 from harness.protocol import RankBatch, Request
-from harness.records import DataParallelStep
+from harness.reports.records import DataParallelStep
 from harness.vocabulary import EAGER, OBSERVED, ORACLE, OWN_POLICY, RUNTIME_MODES, lowest
 
 INVARIANT = "data-parallel execution"
@@ -83,7 +85,7 @@ class DataParallelRun:
     """The ranks' engines for this module's tests, and the checks of one step."""
 
     def __init__(self, runtime, graph_backend):
-        from harness.observe import EngineFactory  # imports torch: not at collection, for policy-only runs
+        from harness.runtime.observe import EngineFactory  # imports torch: not at collection, for policy-only runs
 
         self.runtime, self.graph_backend = runtime, graph_backend
         self.factory = EngineFactory(runtime, graph_backend, max_num_seqs=MAX_NUM_SEQS,

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import expected, oracle
+from harness.expectations import expected
+from harness.expectations import oracle
 from harness.protocol import Descriptor, Dispatch, PolicyConfig
 from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
 

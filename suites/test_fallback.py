@@ -12,8 +12,8 @@ import warnings
 
 import pytest
 
-from harness import expected
-from harness.batches import describe_batch, mixed_requests, prefill
+from harness.expectations import expected
+from harness.scenarios.batches import describe_batch, mixed_requests, prefill
 from harness.vocabulary import EAGER, OWN_POLICY, SPEC, padded
 
 INVARIANT = "fallback"

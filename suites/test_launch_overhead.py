@@ -6,13 +6,13 @@ inside them.
 A FULL step is one graph launch and submits far fewer operations than an eager step; a PIECEWISE
 step launches one graph per piece (as many as capture reported per size, and no more than the
 attention layers + 1) and submits fewer operations than eager, more than FULL. (Every step of
-every suite is also checked for the graph launches its reported mode implies: harness.observe.)
+every suite is also checked for the graph launches its reported mode implies: harness.runtime.observe.)
 """
 import pytest
 
-from harness.batches import decode_requests, describe_batch, prefill
+from harness.scenarios.batches import decode_requests, describe_batch, prefill
 from harness.graphs import counting, device_for
-from harness.records import Launches
+from harness.reports.records import Launches
 from harness.vocabulary import OBSERVED
 
 INVARIANT = "launch overhead"
@@ -41,7 +41,7 @@ def test_a_graph_step_submits_far_less_than_eager(check, engines, record, mode, 
     record(Launches(batch=batch, counts={"NONE": eager.as_dict(), out.runtime_mode: graph.as_dict()},
                     graph_backend=engines.graph_backend))
     counts = {"eager": eager.describe(), out.runtime_mode: graph.describe()}
-    # Graph launches are checked on every step already (harness.observe); they are checked again here
+    # Graph launches are checked on every step already (harness.runtime.observe); they are checked again here
     # because on CUDA these counts come from the profiler, a second witness beside the graph log.
     check.equal(eager.graphs, 0, what="an eager step launches no graph", source=OBSERVED, case=case)
     if out.runtime_mode == "FULL":

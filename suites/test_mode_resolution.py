@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from harness.protocol import ResolveRequest
-from harness.records import ResolutionCell
+from harness.reports.records import ResolutionCell
 from harness.vocabulary import CONFIG_MODES, CONTRACT, OWN_POLICY, SHORT_NAMES, SPEC, SUPPORT_LEVELS, expected_resolution
 
 INVARIANT = "mode resolution"

@@ -5,8 +5,8 @@ Every other equality in these suites compares a runtime with itself (graph vs it
 a bug shared by all its paths (RoPE one position off, a wrong norm epsilon, keys and values
 swapped) passes them. Here the expected logits come from outside the engine: the harness writes
 the preset's seeded weights as a Hugging Face checkpoint, the engine loads it
-(`loads_checkpoint`), and `harness.anchor` computes each request's rows from its whole sequence.
-Logits must agree within the engine dtype's tolerance (harness.anchor.TOLERANCE), and the greedy
+(`loads_checkpoint`), and `harness.expectations.anchor` computes each request's rows from its whole sequence.
+Logits must agree within the engine dtype's tolerance (harness.expectations.anchor.TOLERANCE), and the greedy
 token must be the same wherever the anchor's top-2 margin exceeds that tolerance. Decode steps
 whose rows change owner run against it too: a persistent batch that mixes up rows on every path
 passes replay equivalence, since eager and graph steps then agree.
@@ -14,10 +14,10 @@ passes replay equivalence, since eager and graph steps then agree.
 import pytest
 import torch
 
-from harness.anchor import TOLERANCE, Anchor, top2_margin
-from harness.batches import describe_batch, prompt, rows_changing_owner
+from harness.expectations.anchor import TOLERANCE, Anchor, top2_margin
+from harness.scenarios.batches import describe_batch, prompt, rows_changing_owner
 from harness.protocol import Request
-from harness.records import Anchor as AnchorRecord
+from harness.reports.records import Anchor as AnchorRecord
 from harness.vocabulary import INDEPENDENT_FORWARD
 
 INVARIANT = "numerical anchor"
@@ -73,7 +73,7 @@ def test_verify_steps_match_transformers(check, engines, record, anchor):
 
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
 def test_decode_rows_follow_their_requests(check, engines, record, anchor, mode):
-    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS): an engine
+    """Decode steps of one size whose rows change owner (harness.scenarios.batches.OWNER_ROWS): an engine
     that keeps request rows from step to step must follow each request, on every path (eager
     included, where replay equivalence has nothing to compare with)."""
     engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)

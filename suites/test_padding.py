@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.protocol import PolicyConfig
-from harness.records import Grid
-from harness.strategies import plain_configs
+from harness.reports.records import Grid
+from harness.scenarios.strategies import plain_configs
 from harness.vocabulary import FDO, OWN_POLICY, SPEC, padded
 
 INVARIANT = "padding"

@@ -13,8 +13,8 @@ and the KV snapshot before the step. Padded batches are chosen from the runtime'
 import pytest
 import torch
 
-from harness import kv
-from harness.batches import advance, decode_requests, describe_batch, mixed_requests, prefill
+from harness.expectations import kv
+from harness.scenarios.batches import advance, decode_requests, describe_batch, mixed_requests, prefill
 from harness.vocabulary import EAGER, OBSERVED, OWN_POLICY
 
 INVARIANT = "padding isolation"

@@ -8,11 +8,11 @@ step, as vLLM's persistent batch does, must follow each request to its row).
 
 Expected values: an eager step of the same runtime at the same shape (of the same engine, or of a
 second engine fed the same steps). The mode each step ran
-is checked against the runtime's own dispatch() on every step (harness.observe).
+is checked against the runtime's own dispatch() on every step (harness.runtime.observe).
 """
 import pytest
 
-from harness.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
+from harness.scenarios.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
                              prefill, rows_changing_owner, uneven_requests)
 from harness.vocabulary import EAGER
 
@@ -131,7 +131,7 @@ def test_generation_matches_eager_step_by_step(check, engines, mode):
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_decode_rows_follow_their_requests(check, engines, mode):
-    """Decode steps of one size whose rows change owner (harness.batches.OWNER_ROWS) on a fresh
+    """Decode steps of one size whose rows change owner (harness.scenarios.batches.OWNER_ROWS) on a fresh
     graph engine, with no other step in between, so whatever it kept from one step is what the
     next builds on; each against an eager step of a second engine of the same mode (the suites'
     shared one) driven through the same steps. A bug shared by both paths is the numerical

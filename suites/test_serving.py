@@ -3,8 +3,8 @@ continuous batching, per mode: eager, PIECEWISE and FULL_AND_PIECEWISE. Reported
 beyond every request finishing."""
 import pytest
 
-from harness import serving
-from harness.records import Serving
+from harness.scenarios import serving
+from harness.reports.records import Serving
 
 INVARIANT = "serving"
 pytestmark = pytest.mark.requires("execution")

@@ -7,8 +7,8 @@ a held output lives as long as the runtime declares.
 """
 import pytest
 
-from harness.batches import decode_requests, describe_batch, mixed_requests, prefill
-from harness.safe import describe_exception
+from harness.scenarios.batches import decode_requests, describe_batch, mixed_requests, prefill
+from harness.reliability.safe import describe_exception
 from harness.vocabulary import EAGER, OBSERVED
 
 INVARIANT = "static addresses"

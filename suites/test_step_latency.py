@@ -19,11 +19,11 @@ import time
 import pytest
 import torch
 
-from harness.batches import decode_requests, prefill
+from harness.scenarios.batches import decode_requests, prefill
 from harness.graphs import counting
 from harness.graphs.log import timed_replays
-from harness.records import Batch1Speedup, Capture, Latency
-from harness.timing import host_reference_ms, in_a_stream_ms
+from harness.reports.records import Batch1Speedup, Capture, Latency
+from harness.reports.timing import host_reference_ms, in_a_stream_ms
 
 INVARIANT = "launch overhead"
 pytestmark = pytest.mark.requires("execution")
@@ -32,7 +32,7 @@ BATCHES = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64, 65, 128, 200, 256]
 CONTEXT = 128
 ROUNDS = 30
 WARMUP = 2  # the engine is warm: two steps ran before (one checked by the harness, one to read its mode)
-STREAM_STEPS = 10  # a run of steps in a stream, timed on the device without its start and end (harness.timing)
+STREAM_STEPS = 10  # a run of steps in a stream, timed on the device without its start and end (harness.reports.timing)
 REPLAY_STEPS = 10  # a graph's device time barely moves between replays (reports/h200/probes/lane_costs.json)
 _contexts: dict = {}
 

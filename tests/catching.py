@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hypothesis import Phase, settings
 
-from harness.hypothesis_profiles import default_profile
+from harness.session.hypothesis_profiles import default_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"

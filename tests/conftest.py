@@ -29,8 +29,8 @@ def pytest_configure(config):
     import transformers  # noqa: F401
     from transformers import LlamaForCausalLM  # noqa: F401
 
-    import harness.anchor  # noqa: F401
-    import harness.plots  # noqa: F401
+    import harness.expectations.anchor  # noqa: F401
+    import harness.reports.plots  # noqa: F401
     import reference_runtime.adapter  # noqa: F401
     import reference_runtime.engine.runner  # noqa: F401
 

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from harness import presets
+from harness.expectations import presets
 from harness import protocol as p
 
 POLICY = dict(capture_sizes=True, dispatch=True, mode_resolution=True, data_parallel=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from harness import presets
+from harness.expectations import presets
 from harness.graphs import emulator
 from harness.protocol import (Capabilities, CaptureReport, Descriptor, Dispatch, EngineConfig, PolicyConfig,
                               Resolution, ResolveRequest, StepInputs, StepResult)

@@ -2,7 +2,7 @@
 (tests/broken_dp_runtimes.py), names the step and every rank's batch, and bounds a hang.
 
 Each mutant runs the scripted sequence in an in-process pytest session of its own (the rank
-processes of harness.distributed are shared across sessions, so only its engines are built).
+processes of harness.scenarios.ranks are shared across sessions, so only its engines are built).
 The reference passing the suite is checked by the run of `suites/` itself.
 """
 import time
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import distributed
-from harness.observe import EngineFactory
+from harness.scenarios import ranks as distributed
+from harness.runtime.observe import EngineFactory
 from harness.protocol import Request
 from tests import broken_dp_runtimes, catching
 

@@ -338,11 +338,11 @@ def test_a_kernel_floor_retakes_a_profile_that_saw_no_device(monkeypatch):
 
 
 def test_steps_in_a_stream_are_timed_per_step_behind_a_first_untimed_one(monkeypatch):
-    # harness.timing.in_a_stream_ms: the benchmark lane's "in a stream" figure and the step breakdown's.
+    # harness.reports.timing.in_a_stream_ms: the benchmark lane's "in a stream" figure and the step breakdown's.
     # A stand-in for CUDA events that reads the host clock: each step "runs" while the host sleeps.
     import time
 
-    from harness.timing import in_a_stream_ms
+    from harness.reports.timing import in_a_stream_ms
 
     events = []
 

@@ -386,7 +386,7 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
     """, "-p", "no:xdist", subprocess=True, conftest="""
         import weakref
         import torch
-        import harness.robustness
+        import harness.reliability.robustness
         import tests.hostile_runtimes as hostile
 
         live = weakref.WeakSet()  # the stand-in allocator: what is allocated is what is alive
@@ -396,7 +396,7 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
         torch.cuda.memory_allocated = lambda device=None: sum(t.numel() for t in live)
         torch.cuda.get_rng_state_all = lambda: []
         torch.cuda.empty_cache = lambda: None
-        harness.robustness.cuda_probe = lambda: None
+        harness.reliability.robustness.cuda_probe = lambda: None
 
         def allocate(keep=None):
             tensor = torch.empty(64 << 20, dtype=torch.uint8)
@@ -503,7 +503,7 @@ def test_the_engine_factory_closes_in_a_broken_cuda_context(monkeypatch):
     closing frees what it can and raises nothing."""
     import torch
 
-    from harness.observe import EngineFactory
+    from harness.runtime.observe import EngineFactory
     from reference_runtime.adapter import ReferenceRuntime
 
     def broken():

@@ -398,7 +398,7 @@ def test_xdist_workers_resolve_the_runtime_and_one_report_is_written(pytester):
 
 
 def test_xdist_keeps_a_file_of_shared_process_resources_on_one_worker(pytester):
-    """harness.plugin.ONE_WORKER_PER_FILE: the data-parallel suite's tests share one rank pool
+    """harness.session.scheduling.ONE_WORKER_PER_FILE: the data-parallel suite's tests share one rank pool
     per process, so they run on one worker; other tests still spread over both."""
     use_hook_runtime(pytester)
     record = """

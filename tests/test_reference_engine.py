@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 
-from harness.presets import seeded_model
-from harness.serving import generate
+from harness.expectations.presets import seeded_model
+from harness.scenarios.serving import generate
 from reference_runtime.engine.buffers import Request, plan_layout
 from reference_runtime.engine.runner import ModelRunner, RunnerConfig
 from harness.graphs import CaptureError, StaleAddressError

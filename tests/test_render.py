@@ -1,4 +1,4 @@
-"""Self-tests of the report renderer (`harness.render`, `python -m harness.render`).
+"""Self-tests of the report renderer (`harness.reports.render`, `python -m harness.reports.render`).
 
 Runs are small dicts written here with literal numbers, in the shape RunReport writes; every
 expected figure is worked out by hand in a comment, never by the code under test. The last tests
@@ -13,7 +13,9 @@ from collections import Counter
 
 import pytest
 
-from harness import measurements, records, render
+from harness.reports import measurements
+from harness.reports import records
+from harness.reports import render
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 H200 = "NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0)"
@@ -340,10 +342,10 @@ def test_cli_exits_2_on_a_bad_run_file(tmp_path, capsys, content, message):
 
 def test_python_dash_m_harness_render(tmp_path):
     run = write_json(tmp_path / "run.json", make_run([case("suites/test_padding.py::test_p[reference]")]))
-    done = subprocess.run([sys.executable, "-m", "harness.render", run, "--out", str(tmp_path / "out")],
+    done = subprocess.run([sys.executable, "-m", "harness.reports.render", run, "--out", str(tmp_path / "out")],
                           capture_output=True, text=True)
     assert (done.returncode, done.stdout.strip()) == (0, str(tmp_path / "out" / "summary.md")), done.stderr
-    missing = subprocess.run([sys.executable, "-m", "harness.render", str(tmp_path / "nope.json"), "--out", "x"],
+    missing = subprocess.run([sys.executable, "-m", "harness.reports.render", str(tmp_path / "nope.json"), "--out", "x"],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.json" in missing.stderr
 
@@ -352,7 +354,7 @@ def test_python_dash_m_harness_render(tmp_path):
 
 
 GRID_TEST = f"""
-from harness.records import Grid
+from harness.reports.records import Grid
 
 def test_grid(record):
     record(Grid(config="max_num_seqs=256", sizes={VLLM_GRID_256!r}))
@@ -375,7 +377,7 @@ def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):
     write_json(pytester.path / "base.json", baseline)
     # The same FULL entry at batch 1, 50% slower; the test itself passes.
     pytester.makepyfile("""
-        from harness.records import Latency
+        from harness.reports.records import Latency
 
         def test_latency(record):
             record(Latency(mode="full", batch=1, padded=1, runtime_mode="FULL", step_ms_median=1.5, step_ms_min=1.5))
@@ -473,7 +475,7 @@ def test_the_host_part_of_a_step_decides_what_a_slower_host_explains():
 
 
 def test_the_host_reference_is_a_positive_duration():
-    from harness.timing import host_reference_ms
+    from harness.reports.timing import host_reference_ms
     assert 0 < host_reference_ms(repeats=1) < 10_000
 
 

@@ -152,7 +152,7 @@ def test_the_step_breakdown_script_says_it_needs_a_gpu():
 
 def test_the_policy_comparison_loads_its_engines(tmp_path):
     """scripts/policy_compare.py: the default engines (the bucket engine among them, loaded through
-    harness.registry) and a bad --engine, which is one line and exit 2."""
+    harness.runtime.registry) and a bad --engine, which is one line and exit 2."""
     script = str(ROOT / "scripts" / "policy_compare.py")
     result = subprocess.run([sys.executable, script, "--seqs", "8", "--q", "1", "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)

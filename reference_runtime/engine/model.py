@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from harness import presets
+from harness.expectations import presets
 
 
 @lru_cache(maxsize=4)

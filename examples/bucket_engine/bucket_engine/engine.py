@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from harness import presets
+from harness.expectations import presets
 from harness.graphs import emulator
 from harness.protocol import CaptureReport, EngineConfig, StepInputs, StepResult
 from harness.vocabulary import PADDING_FILLS

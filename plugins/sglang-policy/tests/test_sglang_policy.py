@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("sglang.srt.arg_groups.memory_hook", reason="SGLang is not installed (bash scripts/setup_sglang_policy.sh)")
 
-from harness.known_failures import load  # noqa: E402
+from harness.session.known_failures import load  # noqa: E402
 from harness.protocol import Descriptor, Dispatch, PolicyConfig  # noqa: E402
 
 from cudagraph_sglang_policy.runtime import KNOWN_FAILURES, SglangPolicyRuntime  # noqa: E402

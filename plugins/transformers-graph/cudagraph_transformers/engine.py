@@ -30,7 +30,7 @@ def build_model(engine_config, dtype: torch.dtype, device: str):
         model = LlamaForCausalLM.from_pretrained(engine_config.checkpoint, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     else:
-        from harness.presets import seeded_model
+        from harness.expectations.presets import seeded_model
 
         model = seeded_model(engine_config.preset, engine_config.seed)
         model.config._attn_implementation = "sdpa"

@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     import torch
 
-    from harness import presets
-    from harness.anchor import Anchor
+    from harness.expectations import presets
+    from harness.expectations.anchor import Anchor
     from harness.graphs.log import watch_cuda_graphs
 
     from .runtime import VllmEngineRuntime
@@ -70,7 +70,7 @@ PRESET = "small"
 def engine_config(runtime, mode: str, dtype: str = "float32"):
     """The config the suites' engine factory makes for this mode, so that the smoke stage fills the
     compile caches the suites then hit."""
-    from harness.observe import EngineFactory
+    from harness.runtime.observe import EngineFactory
 
     return EngineFactory(runtime, "cuda", preset=PRESET, dtype=dtype).config(mode=mode)
 
@@ -78,8 +78,8 @@ def engine_config(runtime, mode: str, dtype: str = "float32"):
 def run_mode(runtime, anchor, mode: str, dtype: str) -> None:
     import torch
 
-    from harness.anchor import TOLERANCE
-    from harness.batches import prompt
+    from harness.expectations.anchor import TOLERANCE
+    from harness.scenarios.batches import prompt
     from harness.graphs.log import LOG
     from harness.protocol import Request
 

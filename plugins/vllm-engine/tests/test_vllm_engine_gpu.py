@@ -16,9 +16,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="vLLM is not installed (see plugins/vllm-engine/README.md)")
 
-from harness import oracle  # noqa: E402
-from harness.anchor import TOLERANCE, Anchor  # noqa: E402
-from harness.batches import advance, decode_requests, prefill  # noqa: E402
+from harness.expectations import oracle  # noqa: E402
+from harness.expectations.anchor import TOLERANCE, Anchor  # noqa: E402
+from harness.scenarios.batches import advance, decode_requests, prefill  # noqa: E402
 from harness.graphs.log import LOG, watch_cuda_graphs  # noqa: E402
 from harness.protocol import PolicyConfig  # noqa: E402
 

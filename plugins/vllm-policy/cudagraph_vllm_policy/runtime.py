@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness import protocol as p
-from harness.machine import free_port
+from harness.session.machine import free_port
 from harness.vocabulary import padded
 
 from . import __version__

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm.config", reason="vLLM is not installed (bash scripts/setup_vllm_policy.sh)")
 
-from harness.known_failures import load  # noqa: E402
+from harness.session.known_failures import load  # noqa: E402
 from harness.protocol import PolicyConfig, RankBatch, ResolveRequest  # noqa: E402
 
 from cudagraph_vllm_policy.runtime import KNOWN_FAILURES, VllmPolicyRuntime  # noqa: E402

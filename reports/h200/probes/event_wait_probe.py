@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from step_breakdown import build, decode_batch  # noqa: E402
 
 from harness.graphs import counting  # noqa: E402
-from harness.timing import host_reference_ms  # noqa: E402
+from harness.reports.timing import host_reference_ms  # noqa: E402
 
 factory, engine = build("small")
 runner = engine.engine.runner

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from step_breakdown import build, decode_batch  # noqa: E402
 
 from harness.graphs import counting  # noqa: E402
-from harness.timing import host_reference_ms  # noqa: E402
+from harness.reports.timing import host_reference_ms  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=120)

@@ -21,11 +21,11 @@ sys.path.insert(0, ".")
 t0 = time.perf_counter()
 import torch  # noqa: E402
 
-from harness.batches import decode_requests, prefill  # noqa: E402
+from harness.scenarios.batches import decode_requests, prefill  # noqa: E402
 from harness.graphs import counting  # noqa: E402
 from harness.graphs.log import timed_replays  # noqa: E402
-from harness.observe import BENCHMARK_ENGINE, EngineFactory  # noqa: E402
-from harness.timing import in_a_stream_ms  # noqa: E402
+from harness.runtime.observe import BENCHMARK_ENGINE, EngineFactory  # noqa: E402
+from harness.reports.timing import in_a_stream_ms  # noqa: E402
 from reference_runtime.adapter import ReferenceRuntime  # noqa: E402
 
 out, marks = {}, {}

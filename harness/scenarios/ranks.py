@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-from . import kv, machine
-from .batches import describe_batch
-from .safe import safe_str
+from harness.expectations import kv
+from harness.session import machine
+from harness.scenarios.batches import describe_batch
+from harness.reliability.safe import safe_str
 
 # A step takes milliseconds on the emulator or a GPU; one that waits on a collective another rank
 # skipped never ends. The self-tests lower this to make a hang cheap.
@@ -323,7 +324,9 @@ def _join(rank: int, world: int, backend: str, port: int) -> str:
 
 
 def _build(engines, rank, world, device, key, runtime, config) -> dict:
-    from . import expected, presets, validate
+    from harness.expectations import expected
+    from harness.expectations import presets
+    from harness.runtime import validate
 
     engine = runtime.build(replace(config, device=device, data_parallel=(rank, world)))
     report = engine.capture()
@@ -339,8 +342,8 @@ def _drop(engines, rank, world, device, key) -> None:
 
 
 def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
-    from . import validate
-    from .graphs.log import LOG
+    from harness.runtime import validate
+    from harness.graphs.log import LOG
 
     engine, vocab = engines[key]
     before = engine.kv_snapshot() if kv_inspection else None

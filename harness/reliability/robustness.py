@@ -2,7 +2,7 @@
 
 - Time: every test phase (setup, call, teardown) that runs past `--test-timeout` fails with a
   TimeoutError (SIGALRM); one blocked where SIGALRM cannot reach (native code) is ended by the
-  watchdog (harness.watchdog), which records it in the report first.
+  watchdog (harness.reliability.watchdog), which records it in the report first.
 - Exceptions: anything raised is a failure with a reason, never an internal error. A raised
   KeyboardInterrupt ends only its test (a real Ctrl-C, seen by this module's SIGINT handler,
   still ends the run); an exception pytest cannot format still gives a report; reports and
@@ -10,7 +10,7 @@
   test or a library (hypothesis, torch) by where the exception came from.
 - CUDA: a context counts as poisoned only on evidence: a tiny kernel and a synchronize fail
   after a test. Later GPU tests are then skipped, naming the test and the probe's result.
-- Taint: process-wide state a test changed is put back and fails that test (harness.isolation).
+- Taint: process-wide state a test changed is put back and fails that test (harness.reliability.isolation).
 Whatever happens, the report plugin still writes what ran.
 """
 from __future__ import annotations
@@ -28,15 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from . import isolation
-from .report import PLUGIN_NAME as REPORT_PLUGIN
-from .safe import bounded, describe_exception, safe_str
-from .watchdog import Watchdog
+from harness.reliability import isolation
+from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
+from harness.reliability.safe import bounded, describe_exception, safe_str
+from harness.reliability.watchdog import Watchdog
 
 REPORT_LIMIT = 20_000  # characters of a failure's text or a captured-output section
 RUNTIME_FIXTURES = {"runtime", "engines", "engine_factory", "bench_engines"}  # tests that run runtime code
 GPU_FIXTURES = {"engines", "engine_factory", "bench_engines"}  # tests that need a working CUDA context
-BEFORE = pytest.StashKey[dict]()  # process state before the test (harness.isolation)
+BEFORE = pytest.StashKey[dict]()  # process state before the test (harness.reliability.isolation)
 HELD = pytest.StashKey[int]()  # engines the factories held when setup ended
 FIRST_ERROR = pytest.StashKey[str]()  # what the test raised first
 FAILED = pytest.StashKey[bool]()

@@ -1,4 +1,4 @@
-"""What a run measured, read from its JSON report: the records its tests made (harness.records)
+"""What a run measured, read from its JSON report: the records its tests made (harness.reports.records)
 and the figures derived from them (padding waste, latency ratios, the crossover, regressions against a
 baseline). Pure Python, no matplotlib and no Markdown, so each figure is testable on its own."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from .vocabulary import padded, waste_percent
+from harness.vocabulary import padded, waste_percent
 
 SPEC_WASTE_BATCH = 500  # spec section 4's example: on vLLM's grid for max_num_seqs=256, 500 -> 512, 2.34%
 
@@ -111,7 +111,7 @@ SLOW_PHASE = 1.3  # a figure timed while the host's reference loop ran this much
 
 def host_phase(run: dict, mode: str, batch: int) -> float | None:
     """How much slower the host ran while one step figure was timed than over the whole run: its
-    reference loop's time over the median of the run's (harness.timing.host_reference_ms). A lent
+    reference loop's time over the median of the run's (harness.reports.timing.host_reference_ms). A lent
     machine's host changes speed within seconds, and a figure taken in a slow phase says so."""
     entries = [e for e in recorded(run, "latency") if e.get("host_ref_ms")]
     mine = next((e for e in entries if e.get("mode") == mode and e.get("batch") == batch), None)
@@ -187,7 +187,7 @@ def compare(current_runs: list[dict], baseline_runs: list[dict], threshold: floa
     model preset, mode, and batch (latency) or request count (serving).
 
     A step is also read beside the host's reference time of each run
-    (harness.timing.host_reference_ms): where the host ran slower by `host_ratio`, the baseline step
+    (harness.reports.timing.host_reference_ms): where the host ran slower by `host_ratio`, the baseline step
     is what it would take on that host (_host_expected), and `host_adjusted` the change beyond that;
     within the bar, the entry carries `host_explains=True`. It is reported, and `counted` leaves it
     out: the code did not get slower, the machine did."""

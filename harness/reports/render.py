@@ -1,6 +1,6 @@
 """Render run reports (the JSON files RunReport writes) as Markdown for people, with PNG plots.
 
-    python -m harness.render RUN.json [RUN.json ...] --out DIR [--baseline BASELINE.json ...]
+    python -m harness.reports.render RUN.json [RUN.json ...] --out DIR [--baseline BASELINE.json ...]
         [--threshold 0.10] [--fail-on-regression] [--title TEXT]
 
 writes DIR/summary.md (and plots beside it) and prints its path. Several runs, of one runtime or
@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 # compare, counted and describe_regression are part of this module's interface: the plugin and the CLI use them.
-from .measurements import (SLOW_PHASE, batch_invariance_rows, compare, counted, crossover, describe_regression, distinct,
+from harness.reports.measurements import (SLOW_PHASE, batch_invariance_rows, compare, counted, crossover, describe_regression, distinct,
                            host_phase, latency_rows, noise, padding_buckets, recorded, run_labels, waste_by_batch,
                            waste_line)
-from .records import ReportFormatError, upgrade
-from .safe import describe_exception
-from .vocabulary import CONFIG_MODES as REQUESTED
-from .vocabulary import SUPPORT_LEVELS as SUPPORTS
+from harness.reports.records import ReportFormatError, upgrade
+from harness.reliability.safe import describe_exception
+from harness.vocabulary import CONFIG_MODES as REQUESTED
+from harness.vocabulary import SUPPORT_LEVELS as SUPPORTS
 
 # How a cell lists them ("interrupted" and "running": tests a stopped or crashed run never finished).
 OUTCOME_ORDER = ["failed", "error", "interrupted", "running", "xpassed", "passed", "xfailed", "skipped"]
@@ -372,7 +372,7 @@ def draw_plots(run: dict, label: str, directory: Path) -> list[tuple[str, str]]:
     rows, grids = latency_rows(run), distinct(recorded(run, "grid"))
     if not rows and not grids:
         return []
-    from . import plots  # matplotlib is imported only when there is something to draw
+    from harness.reports import plots  # matplotlib is imported only when there is something to draw
 
     stem, drawn = file_stem(label), []
     if rows:
@@ -396,7 +396,7 @@ def write_report(runs: list[dict], directory, name: str = "summary.md", *, regre
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.render", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.reports.render", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="run reports written by --report-dir")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for summary.md and the plots")
     parser.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="BASELINE.json",

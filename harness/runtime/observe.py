@@ -17,15 +17,19 @@ import itertools
 import sys
 from dataclasses import replace
 
-from . import expected, isolation, oracle, presets, validate
-from .boundary import answer
-from .batches import describe_batch, is_uniform
-from .checks import Check
-from .graphs import device_for
-from .graphs.log import LOG, GraphLog
-from .protocol import EngineConfig, PolicyConfig, StepResult
-from .safe import describe_exception
-from .vocabulary import ORACLE, OWN_POLICY, OBSERVED
+from harness.expectations import expected
+from harness.reliability import isolation
+from harness.expectations import oracle
+from harness.expectations import presets
+from harness.runtime import validate
+from harness.runtime.boundary import answer
+from harness.scenarios.batches import describe_batch, is_uniform
+from harness.checks import Check
+from harness.graphs import device_for
+from harness.graphs.log import LOG, GraphLog
+from harness.protocol import EngineConfig, PolicyConfig, StepResult
+from harness.reliability.safe import describe_exception
+from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED
 
 
 class ObservedEngine:

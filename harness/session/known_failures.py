@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .vocabulary import GRAPH_BACKENDS
+from harness.vocabulary import GRAPH_BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,5 +1,5 @@
 """The run's report: one JSON file is the source of truth, a Markdown summary is rendered from it
-(by `harness.render`, which also draws the plots and compares against a baseline).
+(by `harness.reports.render`, which also draws the plots and compares against a baseline).
 
 It is written when the session ends and also every few seconds while tests run, so a run that
 crashes part-way still leaves a report of what ran: a test that started and never finished is
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from . import render
-from .machine import cuda_available
-from .records import SCHEMA_VERSION
-from .safe import describe_exception, safe_str
+from harness.reports import render
+from harness.session.machine import cuda_available
+from harness.reports.records import SCHEMA_VERSION
+from harness.reliability.safe import describe_exception, safe_str
 
 FLUSH_SECONDS = 5.0
 PLUGIN_NAME = "cudagraph-conformance-report"
@@ -118,7 +118,7 @@ class RunReport:
             self.write()
 
     def record_crash(self, nodeid: str, when: str, reason: str) -> None:
-        """A test the process cannot finish (harness.watchdog): into the report, written now."""
+        """A test the process cannot finish (harness.reliability.watchdog): into the report, written now."""
         self.pytest_runtest_logreport(pytest.TestReport(nodeid, (nodeid.split("::")[0], None, nodeid), {}, "failed",
                                                         reason, when))
         self.write()

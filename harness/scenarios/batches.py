@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .protocol import Request
+from harness.protocol import Request
 
 TOKENS = range(1, 201)
 

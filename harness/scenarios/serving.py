@@ -18,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from .protocol import Request
+from harness.protocol import Request
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable
 
-from .protocol import Capabilities
-from .safe import describe_exception, safe_repr
+from harness.protocol import Capabilities
+from harness.reliability.safe import describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "cudagraph_conformance.runtimes"
 DEFAULT_RUNTIME = "reference"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from .protocol import PolicyConfig
-from .vocabulary import CONFIG_MODES
+from harness.protocol import PolicyConfig
+from harness.vocabulary import CONFIG_MODES
 
 
 @st.composite

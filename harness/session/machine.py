@@ -31,7 +31,7 @@ def share(graph_backend: str, index: int | None) -> None:
     import torch
 
     if graph_backend == "cuda":
-        from .graphs.log import watch_cuda_graphs
+        from harness.graphs.log import watch_cuda_graphs
 
         watch_cuda_graphs()
         if index is not None and torch.cuda.device_count() > 1:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from .protocol import Descriptor, Dispatch, PolicyConfig
-from .vocabulary import ROUTINES, RUNTIME_MODES, lowest, padded
+from harness.protocol import Descriptor, Dispatch, PolicyConfig
+from harness.vocabulary import ROUTINES, RUNTIME_MODES, lowest, padded
 
 DEFAULT_BATCHED_TOKENS = 8192
 

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .safe import describe_exception, safe_repr
+from harness.reliability.safe import describe_exception, safe_repr
 
 UNSET = object()  # no known value: torch was imported during the test, and this one has no fixed default
 MEMORY = "CUDA memory allocated"

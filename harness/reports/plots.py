@@ -1,4 +1,4 @@
-"""The report's PNG plots, drawn from rows that `harness.render` has already extracted.
+"""The report's PNG plots, drawn from rows that `harness.reports.render` has already extracted.
 
 Figures are built on the Agg canvas directly, not through pyplot: pyplot keeps global state and
 picks a backend for the whole process, and this runs inside pytest sessions and other people's

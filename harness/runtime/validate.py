@@ -1,7 +1,7 @@
 """The protocol boundary: is what a runtime handed back the kind of thing the protocol promises?
 
 Each function returns None when the answer is well formed, else one sentence saying what was
-wrong and what was expected. harness.observe calls them on every answer, for every suite, so a
+wrong and what was expected. harness.runtime.observe calls them on every answer, for every suite, so a
 wrong type fails as a wrong answer with a reason, never as an AttributeError three calls later.
 No validator raises: an answer too broken even to inspect (an attribute that raises, a sequence
 whose iteration raises) is itself the problem reported.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
-from .safe import describe_exception, safe_repr
-from .vocabulary import CONFIG_MODES, RUNTIME_MODES
+from harness.reliability.safe import describe_exception, safe_repr
+from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES
 
 ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 

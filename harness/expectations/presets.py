@@ -3,7 +3,7 @@
 A preset is a Llama shape; with a seed it is a set of weights: a randomly initialised
 `transformers` LlamaForCausalLM, saved as a checkpoint folder (config.json + safetensors, no
 tokenizer, no hub). Runtimes that declare `loads_checkpoint` are handed that folder, and the
-numerical anchor (harness.anchor) computes the expected logits from the same folder with
+numerical anchor (harness.expectations.anchor) computes the expected logits from the same folder with
 transformers' own forward, independently of the engine under test.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def seeded_model(name: str, seed: int = 0):
     config._attn_implementation = "eager"
     with torch.random.fork_rng(devices=[]):
         # The CPU generator only: torch.manual_seed would reseed every CUDA device too, which
-        # fork_rng(devices=[]) does not put back (harness.isolation counts that as taint).
+        # fork_rng(devices=[]) does not put back (harness.reliability.isolation counts that as taint).
         torch.default_generator.manual_seed(seed)
         return LlamaForCausalLM(config).eval()
 

@@ -3,7 +3,7 @@
 A runtime's objects can have a `__repr__` or `__str__` that raises (anything: SystemExit and
 KeyboardInterrupt included), returns something that is not a string, or returns megabytes.
 Everything the harness prints from a runtime goes through here, and nothing here raises.
-A `__repr__` that never returns is out of reach; the test's timeout (harness.robustness) bounds it.
+A `__repr__` that never returns is out of reach; the test's timeout (harness.reliability.robustness) bounds it.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The runtime as the suites see it: every policy answer checked for its form (harness.validate)
+"""The runtime as the suites see it: every policy answer checked for its form (harness.runtime.validate)
 before a suite reads it. No torch here: a policy-only run must not pay for importing it.
 """
 from __future__ import annotations
 
-from . import validate
-from .checks import Check
+from harness.runtime import validate
+from harness.checks import Check
 
 
 class ProtocolError(AssertionError):
@@ -13,7 +13,7 @@ class ProtocolError(AssertionError):
 
 def answer(check: Check | None, who: str, call: str, result, problem: str | None):
     """`who`'s answer to `call`, failed at the protocol boundary where it has the wrong form
-    (`problem`, from harness.validate); outside a test (no check bound) a ProtocolError."""
+    (`problem`, from harness.runtime.validate); outside a test (no check bound) a ProtocolError."""
     if problem:
         what = f"the {who}'s {call} {problem}"
         if check is None:

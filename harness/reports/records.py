@@ -1,5 +1,5 @@
 """What suites measure, as typed records: the `record` fixture takes one of these, the JSON report
-stores them under each test, and harness.measurements reads them back.
+stores them under each test, and harness.reports.measurements reads them back.
 
 The report carries `schema_version`. Reports written before records existed (version 1: raw
 `properties` named after the kinds below) are converted here, in one place; anything newer
@@ -76,7 +76,7 @@ class Latency(Record):
     graph_launches: int | None = None
     memcpy_calls: int | None = None
     rounds: int | None = None
-    host_ref_ms: float | None = None  # harness.timing.host_reference_ms: the median of one before each timed round
+    host_ref_ms: float | None = None  # harness.reports.timing.host_reference_ms: the median of one before each timed round
     host_step_ms: float | None = None  # median time until the step returned, before the wait: the host's own part
 
 
@@ -176,7 +176,7 @@ def _records_from_properties(properties: dict) -> list[dict]:
 def check_record(record: Record) -> dict:
     """The record as stored; a suite that records something malformed fails loudly here."""
     if not isinstance(record, Record):
-        raise TypeError(f"record() takes a harness.records.Record, got {type(record).__name__}")
+        raise TypeError(f"record() takes a harness.reports.records.Record, got {type(record).__name__}")
     data = record.as_dict()
     missing = [f.name for f in fields(record)  # a field without a default must have a value
                if f.default is MISSING and f.default_factory is MISSING and data.get(f.name) is None]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import oracle
-from .protocol import Descriptor, PolicyConfig, ResolveRequest
-from .vocabulary import ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SUPPORT_LEVELS, expected_resolution, weakest
+from harness.expectations import oracle
+from harness.protocol import Descriptor, PolicyConfig, ResolveRequest
+from harness.vocabulary import ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SUPPORT_LEVELS, expected_resolution, weakest
 
 
 @dataclass(frozen=True)

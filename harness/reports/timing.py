@@ -33,7 +33,7 @@ def host_reference_ms(repeats: int = 5) -> float:
     """Milliseconds this host takes for a fixed loop of pure Python (the median of `repeats`): how
     fast the interpreter runs now. A step paced by the host (an eager step launches every kernel
     from Python) slows with it, and a lent machine's host speed moves by up to 2x between runs, so
-    the regression check (harness.measurements.compare) reads each figure beside this one."""
+    the regression check (harness.reports.measurements.compare) reads each figure beside this one."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
