@@ -39,6 +39,7 @@ class Capabilities:
     data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed (docs/data_parallel.md)
     batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
+    precision: str = "ieee"  # how its arithmetic is done, one of PRECISIONS (vocabulary.py)
     notes: str = ""  # shown in the report header: what is emulated, what stands in
 
     def has(self, name: str) -> bool:
@@ -48,7 +49,7 @@ class Capabilities:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "notes"]
+        return [f.name for f in fields(cls) if f.name not in ("notes", "precision")]  # the switches
 
     def summary(self) -> str:
         on = [name for name in self.names() if getattr(self, name) is True]

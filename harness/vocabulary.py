@@ -12,6 +12,12 @@ from dataclasses import dataclass
 # -- what a run and a step can be asked for ------------------------------------------------------
 GRAPH_BACKENDS = ("cuda", "emulated")  # the CPU emulator (harness.graphs.emulator) or real CUDA graphs
 PADDING_FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...) may put in padded rows
+# How an engine's arithmetic is done (Capabilities.precision), most exact first: "ieee" float32
+# throughout; "tf32" float32 tensors whose matrix products round their inputs to TF32 (Triton's
+# default for a float32 dot, cuBLAS with allow_tf32); "bfloat16" / "float16": the engine computes in
+# that dtype whatever it is asked, so the harness builds it in that dtype. docs/spec.md gives the
+# tolerance each one earns against the float32 anchor.
+PRECISIONS = ("ieee", "tf32", "bfloat16", "float16")
 
 # -- modes (spec section 2) -------------------------------------------------------------------
 # What one step runs, lowest first: data-parallel ranks agree on the lowest.
