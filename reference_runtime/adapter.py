@@ -11,6 +11,7 @@ from functools import lru_cache
 from harness import protocol as p
 
 from . import __version__, policy
+from .engine.inspection import FILLS
 
 
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
@@ -36,7 +37,7 @@ class ReferenceRuntime:
         speculative=True, execution=True, graph_backends=("emulated", "cuda"),
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
-        padding_fills=("zeros", "random", "nan", "inf"), loads_checkpoint=True, kv_inspection=True,
+        padding_fills=FILLS, loads_checkpoint=True, kv_inspection=True,
         input_inspection=True, address_checks=True, data_parallel_execution=True,
         notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
@@ -65,71 +66,25 @@ class ReferenceRuntime:
         return [p.Dispatch(mode.name, _descriptor(key)) for mode, key in policy.dp_dispatch(_dispatcher(config), batches)]
 
     # -- execution ----------------------------------------------------------------------
-    def build(self, config: p.EngineConfig) -> "ReferenceEngine":
+    def build(self, config: p.EngineConfig):
+        """The engine is the model runner itself: it speaks the protocol's Engine."""
         from .engine.runner import ModelRunner
 
-        return ReferenceEngine(ModelRunner(runner_config(config)))
+        return ModelRunner(runner_config(config))
 
 
 def runner_config(config: p.EngineConfig):
     """The runner's configuration for an engine the harness asks for."""
     from .engine.runner import RunnerConfig
 
-    blocks = {"num_blocks": max(2, -(-config.kv_tokens // RunnerConfig.block_size) + 1)} if config.kv_tokens else {}
+    if config.checkpoint is None:
+        raise ValueError("the reference runtime loads its weights from a checkpoint folder "
+                         "(EngineConfig.checkpoint, a Hugging Face Llama folder); none was given")
+    block_size = RunnerConfig.__dataclass_fields__["block_size"].default
+    blocks = {"num_blocks": max(2, -(-config.kv_tokens // block_size) + 1)} if config.kv_tokens else {}
     return RunnerConfig(
-        preset=config.preset, checkpoint=config.checkpoint, dtype=config.dtype, device=config.device,
-        graph_backend=config.graph_backend, mode=config.policy.mode,
-        attention_backends=tuple(config.attention_backends) or ("static",), policy=to_policy_config(config.policy),
-        seed=config.seed, max_model_len=config.max_model_len, data_parallel=config.data_parallel, **blocks,
+        checkpoint=str(config.checkpoint), policy=to_policy_config(config.policy), dtype=config.dtype,
+        device=config.device, graph_backend=config.graph_backend,
+        attention_backends=tuple(config.attention_backends) or ("static",), max_model_len=config.max_model_len,
+        data_parallel=config.data_parallel, **blocks,
     )
-
-
-class ReferenceEngine:
-    """The protocol's Engine over the reference ModelRunner."""
-
-    def __init__(self, runner):
-        self.runner = runner
-        r = runner.resolution
-        self.resolution = p.Resolution(r.requested.name, r.resolved.name, r.warnings)
-
-    def capture(self) -> p.CaptureReport:
-        summary = self.runner.capture()
-        return p.CaptureReport(dict(summary.graphs), summary.seconds, summary.memory_bytes, tuple(summary.order))
-
-    def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
-        return self._result(self.runner.step(list(requests), padding_fill))
-
-    def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
-        return self._result(self.runner.eager_step(list(requests), padded_num_tokens))
-
-    def release(self, request_id: int) -> None:
-        self.runner.release(request_id)
-
-    def static_buffer_addresses(self) -> dict[str, int]:
-        return {name: t.data_ptr() for name, t in self.runner.graph_inputs(with_attention=True).items()}
-
-    def kv_snapshot(self):
-        from .engine import inspection
-
-        return inspection.kv_snapshot(self.runner)
-
-    def slot_of(self, request_id: int, position: int) -> int:
-        return self.runner.allocator.slot(request_id, position)
-
-    def last_step_inputs(self) -> p.StepInputs:
-        from .engine import inspection
-
-        return p.StepInputs(**inspection.last_step_inputs(self.runner), padding_slot=-1)
-
-    def swap_static_buffer(self, name: str) -> None:
-        runner, buffers = self.runner, self.runner.buffers
-        if name == "attn":
-            runner.attn_buffer = runner.attn_buffer.clone()
-        elif name in buffers.NAMES:
-            setattr(buffers, name, getattr(buffers, name).clone())  # same values, another address
-        else:
-            raise ValueError(f"no static buffer {name!r}; the buffers are {', '.join(buffers.NAMES)}, attn")
-
-    @staticmethod
-    def _result(out) -> p.StepResult:
-        return p.StepResult(out.logits, out.runtime_mode, out.num_tokens, out.padded_num_tokens)

@@ -54,8 +54,6 @@ def decode_batch(factory, engine, batch: int, context: int = 128):
 
 def host_phases(runner, requests, steps=200) -> dict:
     """Medians, in microseconds, of the host's phases of a step (each wrapped with a timer)."""
-    from reference_runtime.engine import runner as runner_module
-
     marks: dict[str, list[float]] = defaultdict(list)
 
     def timed(name, fn):
@@ -66,26 +64,21 @@ def host_phases(runner, requests, steps=200) -> dict:
             return result
         return wrapper
 
-    buffers = runner.buffers
-    plan, stage, restage, dispatch = runner_module.plan_layout, buffers.stage, buffers.restage, runner._dispatch
-    # A decode step of the last one's shape updates the layout and rows it kept (restage); the
-    # first of a shape plans and stages them whole.
-    runner_module.plan_layout = timed("layout (plan_layout, first step of a shape)", plan)
-    buffers.stage = timed("inputs into pinned host memory (stage, first step of a shape)", stage)
-    buffers.restage = timed("layout and inputs updated over the kept rows (restage)", restage)
-    runner._dispatch = timed("dispatch (remembered per batch shape)", dispatch)
+    planner, stager = runner.planner, runner.stager
+    # A decode step of the last one's shape updates the plan it kept (the persistent batch) and
+    # stages what changed; the first of a shape plans and stages it whole.
+    planner.plan = timed("plan: dispatch (remembered per batch shape) and layout", planner.plan)
+    stager.stage = timed("inputs into pinned host memory (stage)", stager.stage)
     graphs = list(runner.full_graphs.values())
-    launches = [(g, g._launch) for g in graphs]
-    for graph, launch in launches:
-        graph._launch = timed("graph launch call (replay)", launch)
+    for graph in graphs:
+        graph.replay = timed("graph launch call (replay)", graph.replay)
     try:
         times, out = synced_steps(runner, requests, steps)
         marks.update(times)
     finally:
-        runner_module.plan_layout, runner._dispatch = plan, dispatch
-        del buffers.stage, buffers.restage  # the class's methods again
-        for graph, launch in launches:
-            graph._launch = launch
+        del planner.plan, stager.stage  # the classes' methods again
+        for graph in graphs:
+            del graph.replay
     assert out.runtime_mode == "FULL", out.runtime_mode
     return {name: statistics.median(values) * 1e6 for name, values in marks.items()}
 
@@ -157,13 +150,12 @@ def stream_times(runner, requests, repeats=50) -> dict:
 
     from harness.reports.timing import in_a_stream_ms
 
-    graph = next(g for key, g in runner.full_graphs.items() if key.num_tokens == runner.last_layout.num_tokens
-                 and key.uniform == (runner.last_layout.uniform_q is not None))
+    graph = runner.full_graphs[runner.last_plan.key]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for _ in range(repeats):
-        graph._launch()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     replay = start.elapsed_time(end) / repeats * 1e3
@@ -176,7 +168,7 @@ def eager_kernels(runner, requests, steps=5) -> tuple[float, list]:
     """(summed kernel time of an eager step, [(name, launches per step, us per step)], largest first)."""
     from harness.graphs import counting
 
-    padded = runner.last_layout.num_tokens
+    padded = runner.last_plan.num_padded_tokens
     runner.eager_step(requests, padded)
     by_name = counting.kernel_times_us(lambda: [runner.eager_step(requests, padded) for _ in range(steps)])
     table = sorted(((name, len(times) / steps, sum(times) / steps) for name, times in by_name.items()),
@@ -195,7 +187,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("step_breakdown.py needs a CUDA device (it times the device)")
     factory, engine = build(args.preset)
-    runner = engine.engine.runner  # the reference engine's model runner, timed without the harness around it
+    runner = engine.engine  # the reference engine (its model runner), timed without the harness around it
     result = {"preset": args.preset, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "batches": {}}
     for batch in args.batch:
         requests = decode_batch(factory, engine, batch)

@@ -10,11 +10,13 @@ from dataclasses import replace
 
 import torch
 
-from harness.protocol import Request
-from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
+from harness.protocol import Request, StepResult
+from reference_runtime.adapter import ReferenceRuntime, runner_config
+from reference_runtime.engine.buffers import StaticBuffers
 from reference_runtime.engine.data_parallel import DataParallel
-from reference_runtime.engine.runner import ModelRunner, StepOutput
+from reference_runtime.engine.runner import ModelRunner
 from reference_runtime.policy import CUDAGraphMode
+from tests.broken_engines import StaleBlockTablesStager
 from reference_runtime.policy.data_parallel import graph_size, graph_uniform, lowest, own_share, runs
 from reference_runtime.policy.modes import RUNTIME_MODE_RANK
 
@@ -75,7 +77,7 @@ class _IdleSkipsTheStep(ModelRunner):
 
     def step(self, requests, padding_fill=None):
         if not requests:
-            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), "NONE", 0, 1)
+            return StepResult(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), "NONE", 0, 1)
         return super().step(requests, padding_fill)
 
 
@@ -84,8 +86,8 @@ class _IdleSkipsTheForward(ModelRunner):
 
     def step(self, requests, padding_fill=None):
         if not requests:
-            mode, key = self.data_parallel.dispatch(self.dispatcher, 0, 0, False, self.capture_summary is not None)
-            return StepOutput(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), mode.name, 0,
+            mode, key = self.planner.decide(0, 0, False, captured=self.capture_report is not None)
+            return StepResult(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), mode.name, 0,
                               key.num_tokens)
         return super().step(requests, padding_fill)
 
@@ -101,23 +103,16 @@ class _DummyWritesKV(ModelRunner):
             return super().step(requests, padding_fill)
         out = super().step([Request(DUMMY_REQUEST, (0,), 0)], padding_fill)
         self.release(DUMMY_REQUEST)
-        return StepOutput(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
+        return StepResult(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
 
 
 class _StaleTablesOnRankOne(ModelRunner):
     """On rank 1 only, graph steps keep the block tables the step before left in the static
     buffer: that rank's real rows read another request's KV."""
 
-    def _run(self, requests, mode, size, layout_uniform, key, padding_fill=None):
-        if mode is CUDAGraphMode.NONE or self.config.data_parallel[0] != 1:
-            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
-        buffers, tables = self.buffers, self.buffers.block_tables.tolist()
-        stage = buffers.stage
-        buffers.stage = lambda layout, rows=None: stage(replace(layout, block_tables=tables[: layout.num_reqs]), rows)
-        try:
-            return super()._run(requests, mode, size, layout_uniform, key, padding_fill)
-        finally:
-            buffers.stage = stage
+    def __init__(self, config, **seams):
+        stale = config.data_parallel is not None and config.data_parallel[0] == 1
+        super().__init__(config, stager=StaleBlockTablesStager if stale else StaticBuffers, **seams)
 
 
 def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner, policy: bool = True,
@@ -127,10 +122,7 @@ def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRun
     broken = consensus if consensus is not DataParallel else runner
 
     def build(self, config):
-        engine = ReferenceEngine(runner(runner_config(config)))
-        if config.data_parallel is not None:
-            engine.runner.data_parallel = consensus(*config.data_parallel, engine.runner.device)
-        return engine
+        return runner(runner_config(config), consensus=consensus)
 
     namespace = {"name": name, "build": build, "__doc__": broken.__doc__}
     if not policy:
@@ -159,14 +151,14 @@ MUTANTS = [PadsToLocalSize, KeepsOwnMode, MaxModeConsensus, PadsUnderEager, Idle
 
 
 # -- ranks that fail outright: for the harness's own test of how it reports them, not suite mutants --
-class _FailingEngine(ReferenceEngine):
+class _FailingRunner(ModelRunner):
     """Raises on every rank at a step of two-token prompts; rank 1's process exits at one of three."""
 
     def step(self, requests, padding_fill=None):
         lengths = {len(r.token_ids) for r in requests}
         if lengths == {2}:
             raise ValueError("this engine cannot run two-token prompts")
-        if lengths == {3} and self.runner.config.data_parallel[0] == 1:
+        if lengths == {3} and self.config.data_parallel[0] == 1:
             os._exit(7)
         return super().step(requests, padding_fill)
 
@@ -175,6 +167,4 @@ class FailingRanks(ReferenceRuntime):
     name = "dp-failing-ranks"
 
     def build(self, config):
-        engine = super().build(config)
-        engine.__class__ = _FailingEngine
-        return engine
+        return _FailingRunner(runner_config(config))

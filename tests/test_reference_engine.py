@@ -7,11 +7,14 @@ import warnings
 import pytest
 import torch
 
-from harness.expectations.presets import seeded_model
-from harness.scenarios.serving import generate
-from reference_runtime.engine.buffers import Request, plan_layout
-from reference_runtime.engine.runner import ModelRunner, RunnerConfig
+from dataclasses import replace
+
+from harness.expectations.presets import checkpoint, seeded_model
 from harness.graphs import CaptureError, StaleAddressError
+from harness.protocol import Request
+from harness.scenarios.serving import generate
+from reference_runtime.engine.plan import FULL, NONE
+from reference_runtime.engine.runner import ModelRunner, RunnerConfig
 from reference_runtime.policy import PolicyConfig
 
 BACKENDS = ["emulated", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -21,13 +24,17 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 12, [3, 1, 4, 1, 5, 9, 2, 6], [42]
 BUDGETS = [6, 9, 4, 12, 7]
 
 
-def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=8, **kw):
-    device = "cuda" if graph_backend == "cuda" else "cpu"
+def config(mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=8, graph_backend="emulated") -> RunnerConfig:
+    return RunnerConfig(
+        checkpoint=str(checkpoint("tiny")), device="cuda" if graph_backend == "cuda" else "cpu",
+        graph_backend=graph_backend, attention_backends=attention,
+        policy=PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=64, num_speculative_tokens=spec, mode=mode))
+
+
+def runner(graph_backend="emulated", mode="FULL_AND_PIECEWISE", attention=("static",), spec=0, seqs=8, **seams):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ModelRunner(RunnerConfig(
-            device=device, graph_backend=graph_backend, mode=mode, attention_backends=attention,
-            policy=PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=64, num_speculative_tokens=spec), **kw))
+        return ModelRunner(config(mode, attention, spec, seqs, graph_backend), **seams)
 
 
 def test_eager_forward_matches_transformers():
@@ -52,11 +59,11 @@ class ModesSeen:
 
     def __init__(self, runner):
         self.runner = runner
-        runner.modes_seen = set()
+        self.modes_seen = set()
 
     def step(self, requests):
         out = self.runner.step(requests)
-        self.runner.modes_seen.add(out.runtime_mode)
+        self.modes_seen.add(out.runtime_mode)
         return out
 
     def release(self, request_id):
@@ -76,8 +83,9 @@ def test_generation_is_identical_in_every_mode(graph_backend, spec, attention):
             assert "varlen" in attention and mode == "FULL"
             continue
         r.capture()
-        outputs[mode] = generate(ModesSeen(r), PROMPTS, BUDGETS, max_num_seqs=8, token_budget=64, q=1 + spec)
-        assert r.modes_seen <= {"NONE", "PIECEWISE", "FULL"} and (mode == "NONE" or r.modes_seen - {"NONE"})
+        seen = ModesSeen(r)
+        outputs[mode] = generate(seen, PROMPTS, BUDGETS, max_num_seqs=8, token_budget=64, q=1 + spec)
+        assert seen.modes_seen <= {"NONE", "PIECEWISE", "FULL"} and (mode == "NONE" or seen.modes_seen - {"NONE"})
     reference = outputs.pop("NONE")
     for mode, tokens in outputs.items():
         assert tokens == reference, f"{mode} generated different tokens"
@@ -109,7 +117,7 @@ def test_padded_rows_write_no_kv_slot(graph_backend):
     before = r.cache.real_blocks().clone()
     out = r.step([Request(0, (4,), 3), Request(1, (9, 9, 9, 9, 9), 0)])  # 6 tokens padded to 8
     assert out.padded_num_tokens == 8
-    written = {r.allocator.slot(0, 3)} | {r.allocator.slot(1, p) for p in range(5)}
+    written = {r.slot_of(0, 3)} | {r.slot_of(1, p) for p in range(5)}
     after = r.cache.real_blocks()
     changed = {s for s in range(r.cache.num_slots) if not torch.equal(after[:, :, s], before[:, :, s])}
     assert changed <= written, f"padded rows wrote slots {sorted(changed - written)}"
@@ -135,17 +143,17 @@ def test_a_full_step_copies_its_inputs_inside_the_graph():
 
 def test_staging_refuses_more_rows_than_the_graph_copies():
     r = runner(mode="FULL")
-    layout = plan_layout([Request(0, (1,), 0), Request(1, (2,), 0)], r.allocator, 2, 1, r.max_rows)
+    plan = r.planner.lay_out([Request(0, (1,), 0), Request(1, (2,), 0)], NONE, None, 2)
     with pytest.raises(ValueError, match="2 request rows does not fit the 1 rows staged"):
-        r.buffers.stage(layout, rows=1)
+        r.stager.stage(replace(plan, staged_rows=1))
 
 
-def test_staging_refuses_a_layout_whose_lists_disagree_with_its_size():
+def test_staging_refuses_a_plan_whose_lists_disagree_with_its_size():
     r = runner(mode="FULL")
-    layout = plan_layout([Request(0, (1, 2), 0)], r.allocator, 2, 1, r.max_rows)
-    layout.positions.append(7)
-    with pytest.raises(ValueError, match="a layout of 2 tokens in 1 rows needs 2 token ids, positions"):
-        r.buffers.stage(layout)
+    plan = r.planner.lay_out([Request(0, (1, 2), 0)], NONE, None, 2)
+    plan.positions.append(7)
+    with pytest.raises(ValueError, match="a plan of 2 tokens in 1 rows needs 2 token ids, positions"):
+        r.stager.stage(plan)
 
 
 def test_a_remembered_dispatch_answers_as_the_dispatcher_does():
@@ -158,10 +166,10 @@ def test_a_remembered_dispatch_answers_as_the_dispatcher_does():
               for uniform in (False, True) if reqs <= min(n, 8) and (not uniform or n == reqs)]
     for _ in range(2):  # the second time from memory
         for shape in shapes:
-            assert r._dispatch(*shape) == r.dispatcher.dispatch(*shape), shape
+            assert r.planner.decide(*shape, captured=True) == r.dispatcher.dispatch(*shape), shape
     for _ in range(2):
         with pytest.raises(ValueError, match="num_reqs must be in"):
-            r._dispatch(4, 9, False)
+            r.planner.decide(4, 9, False, captured=True)
 
 
 @pytest.mark.parametrize("graph_backend", BACKENDS)
@@ -182,25 +190,25 @@ def test_steps_issued_back_to_back_each_read_their_own_inputs(graph_backend):
 
 
 @pytest.mark.parametrize("q", [1, 2], ids=["decode", "verify-q2"])
-def test_a_step_over_kept_rows_stages_what_a_fresh_layout_would(q):
-    """A uniform step of the shape the last one kept updates only what changed (restage); what it
-    stages, and the layout it runs with, must equal what planning and staging the whole step
-    would give, through positions crossing a block, a request taking another's row, the requests
-    in another order, a released id coming back with another table, and steps in between that
-    stage their own layouts (eager, a padding fill, a prompt)."""
+def test_a_step_over_kept_rows_stages_what_a_fresh_plan_would(q):
+    """A uniform step of the shape the last one kept updates that plan in place (the persistent
+    batch) and stages only what changed; the plan it runs with, and what it stages, must equal a
+    fresh plan staged whole, through positions crossing a block, a request taking another's row,
+    the requests in another order, a released id coming back with another table, and steps in
+    between that stage their own plans (eager, a padding fill, a prompt)."""
     import random
 
     from reference_runtime.engine.buffers import StaticBuffers
 
     r = runner(mode="FULL_AND_PIECEWISE", spec=q - 1)
     r.capture()
-    b = r.buffers
+    b = r.stager
     fresh = StaticBuffers(b.max_tokens, b.max_rows, b.max_blocks, r.config.max_model_len, "cpu")
     rng = random.Random(q)
     contexts = {i: 0 for i in range(3)}
     r.step([Request(i, (5,) * 14, 0) for i in contexts])  # 14 tokens: a block boundary a step or two on
     contexts = dict.fromkeys(contexts, 14)
-    next_id, restaged = 3, 0
+    next_id, updated = 3, 0
     for step in range(40):
         if step % 9 == 4:  # a request leaves and a new one takes its row: same shape, another table
             gone = rng.choice(sorted(contexts))
@@ -217,26 +225,23 @@ def test_a_step_over_kept_rows_stages_what_a_fresh_layout_would(q):
         if step % 17 == 11:
             r.eager_step([Request(i, (8,) * q, c) for i, c in contexts.items()], 4 * q)
         requests = [Request(i, tuple(rng.randrange(1, 200) for _ in range(q)), c) for i, c in contexts.items()]
-        calls = []
-        original = b.restage
-        b.restage = lambda *a: calls.append(original(*a)) or calls[-1]
-        try:
-            out = r.step(requests)
-        finally:
-            del b.restage
+        kept = r.planner.persistent
+        revision = kept.revision if kept is not None else None
+        out = r.step(requests)
         assert out.runtime_mode == "FULL"
-        restaged += calls[0] is not None
-        rows = out.padded_num_tokens // q
-        layout = plan_layout(requests, r.allocator, out.padded_num_tokens, q, r.max_rows, uniform=True)
-        m = fresh.stage(layout, rows=rows)
-        assert m == len(b._where(out.padded_num_tokens, rows))
-        assert torch.equal(b._host[: 2 * m], fresh._host[: 2 * m]), f"step {step} staged other values"
-        assert r.last_layout == layout, f"step {step} ran with another layout than planning gives"
-        if step % 6 == 5:  # an eager step stages its own layout: the next step updates that one
+        plan = r.last_plan
+        updated += plan is kept and plan.revision == revision + 1
+        expected = r.planner.fresh(requests, FULL, plan.key, out.padded_num_tokens, q)
+        for name in ("input_ids", "positions", "slot_mapping", "token_req", "block_tables", "seq_lens",
+                     "query_start_loc", "num_padded_tokens", "staged_rows", "uniform_q"):
+            assert getattr(plan, name) == getattr(expected, name), f"step {step}: {name} differs from a fresh plan"
+        m = fresh.stage(expected)
+        assert torch.equal(b.host[: 2 * m], fresh.host[: 2 * m]), f"step {step} staged other values"
+        if step % 6 == 5:  # an eager step stages its own plan: the next step stages the kept one whole
             assert torch.equal(out.logits, r.eager_step(requests, out.padded_num_tokens).logits), step
         for i in contexts:
             contexts[i] += q
-    assert restaged >= 20, f"only {restaged} of 40 steps updated the kept rows"
+    assert updated >= 20, f"only {updated} of 40 steps updated the kept plan"
 
 
 def test_capture_order_counts_and_phase():
@@ -260,37 +265,39 @@ def test_capture_order_counts_and_phase():
 def test_a_swapped_input_buffer_fails_loudly():
     r = runner(mode="FULL_AND_PIECEWISE")
     r.capture()
-    r.buffers.input_ids = torch.zeros_like(r.buffers.input_ids)  # a new tensor instead of a copy
+    r.swap_static_buffer("input_ids")  # a new tensor instead of a copy
     with pytest.raises(StaleAddressError):
         r.step([Request(0, (1,), 0)])
 
 
 def test_downgrades_warn():
     with pytest.warns(UserWarning, match="FULL -> FULL_AND_PIECEWISE"):
-        ModelRunner(RunnerConfig(mode="FULL", attention_backends=("decode",)))
+        ModelRunner(config(mode="FULL", attention=("decode",)))
     with pytest.raises(ValueError, match="PIECEWISE"):
-        ModelRunner(RunnerConfig(mode="FULL", attention_backends=("varlen",)))
+        ModelRunner(config(mode="FULL", attention=("varlen",)))
 
 
 def test_memory_budget_needs_cuda():
     with pytest.raises(ValueError, match="device='cuda'"):
-        ModelRunner(RunnerConfig(gpu_memory_utilization=0.5))
+        runner().fit_kv_cache(0.5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_memory_budget_sets_aside_the_graph_estimate():
-    r = runner("cuda", "FULL_AND_PIECEWISE", gpu_memory_utilization=0.2)
-    assert r.num_blocks > 2 and r.graph_memory_estimate > 0
-    summary = r.capture()
-    assert summary.estimate_bytes == r.graph_memory_estimate
-    print(f"graph memory estimate {summary.estimate_bytes} B, actual {summary.memory_bytes} B, "
-          f"{r.num_blocks} KV blocks")
+    r = runner("cuda", "FULL_AND_PIECEWISE")
+    r.fit_kv_cache(0.2)
+    assert r.cache.num_blocks > 2 and r.graph_memory_estimate > 0
+    report = r.capture()
+    print(f"graph memory estimate {r.graph_memory_estimate} B, actual {report.memory_bytes} B, "
+          f"{r.cache.num_blocks} KV blocks")
     assert generate(r, PROMPTS[:2], [3, 3], max_num_seqs=8, token_budget=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_compiled_pieces_replay_equal_their_eager_run():
-    r = runner("cuda", "FULL_AND_PIECEWISE", compile=True)
+    from reference_runtime.engine.compiled import compiled_decoder
+
+    r = runner("cuda", "FULL_AND_PIECEWISE", model=compiled_decoder)
     r.capture()
     r.step([Request(0, (1, 2, 3), 0)])
     for requests in ([Request(0, (4,), 3)], [Request(0, (5,), 4), Request(1, (7, 8), 0)]):

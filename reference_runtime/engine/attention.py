@@ -31,6 +31,7 @@ class Metadata:
     num_tokens: int  # padded
     uniform_q: int | None  # tokens per request when the layout is uniform, else None
     num_reqs: int  # request rows in use (dummy rows for padding included)
+    max_seq_len: int  # the longest context after this step, a host value (frozen in a graph, like the rest)
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T], -1 for padded rows
     token_req: torch.Tensor  # [T] request row of each token
@@ -162,14 +163,15 @@ class VarlenBackend(Backend):
 BACKENDS = {cls.name: cls for cls in (StaticBackend, UniformBackend, DecodeBackend, VarlenBackend)}
 
 
-def make_backends(names, num_layers: int, cache: KVCache, scale: float) -> list[Backend]:
-    """One backend per layer: one name for all layers, or one name per layer (a hybrid model)."""
+def make_backends(names, num_layers: int, cache: KVCache, scale: float, classes=BACKENDS) -> list[Backend]:
+    """One backend per layer: one name for all layers, or one name per layer (a hybrid model);
+    `classes` maps each name to its backend class."""
     names = tuple(names) or ("static",)
     if len(names) == 1:
         names = names * num_layers
     if len(names) != num_layers:
         raise ValueError(f"attention_backends needs 1 or {num_layers} names (one per layer), got {len(names)}")
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in classes]
     if unknown:
-        raise ValueError(f"unknown attention backend {unknown[0]!r}; expected one of {', '.join(BACKENDS)}")
-    return [BACKENDS[name](cache, scale) for name in names]
+        raise ValueError(f"unknown attention backend {unknown[0]!r}; expected one of {', '.join(classes)}")
+    return [classes[name](cache, scale) for name in names]

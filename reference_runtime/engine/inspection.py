@@ -1,63 +1,37 @@
-"""What the harness may look at or change, beyond a step: padding fills, the KV cache, and the
-inputs of the last step. None of it is on the path a step takes in service.
+"""Padding fills: a plan with other values in its padded rows, for one step. Real rows must not
+change (spec section 7). Not on the path a step takes in service.
+
+"zeros": token id 0 and position 0. "random": random valid token ids and positions. "nan" and
+"inf": random ids and positions, and the KV that only padded rows read (the null block and the
+scratch slot) holds NaN or inf for the step (`KVCache.poisoned`). The slot mapping stays -1:
+padded rows must still write nothing. The fill goes into the plan, not the buffers: a FULL graph
+copies its inputs in itself.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported only to fill: the adapter reads FILLS in policy-only runs
+    from .plan import StepPlan
 
-from harness.vocabulary import PADDING_FILLS
+FILLS = ("zeros", "random", "nan", "inf")
+POISONS = {"nan": float("nan"), "inf": float("inf")}  # what the padded rows' KV holds meanwhile
 
 
-@contextmanager
-def padding_filled(runner, layout, fill: str | None):
-    """The layout with other values in its padded rows, for one step: real rows must not change
-    (spec section 7).
-
-    "zeros": token id 0 and position 0. "random": random valid token ids and positions. "nan" and
-    "inf": random ids and positions, and the KV that only padded rows read (the null block and
-    the scratch slot) holds NaN or inf for the step. The slot mapping stays -1: padded rows must
-    still write nothing. The fill goes into the layout, not the buffers: a FULL graph copies its
-    inputs in itself.
-    """
-    n, size = layout.num_real_tokens, layout.num_tokens
-    if fill is None or size == n:
-        yield layout
-        return
-    if fill not in PADDING_FILLS:
-        raise ValueError(f"padding_fill must be one of {', '.join(PADDING_FILLS)}, got {fill!r}")
-    generator = torch.Generator().manual_seed(size)
+def fill_padding(plan: StepPlan, fill: str, vocab: int, max_model_len: int) -> StepPlan:
+    """A copy of the plan whose padded token rows hold `fill`'s ids and positions (seeded by the
+    padded size, so a step is repeatable)."""
+    if fill not in FILLS:
+        raise ValueError(f"padding_fill must be one of {', '.join(FILLS)}, got {fill!r}")
+    n, size = plan.num_real_tokens, plan.num_padded_tokens
     pad = size - n
     if fill == "zeros":
         ids = positions = [0] * pad
     else:
-        ids = torch.randint(0, runner.model.vocab, (pad,), generator=generator).tolist()
-        positions = torch.randint(0, runner.config.max_model_len, (pad,), generator=generator).tolist()
-    filled = replace(layout, input_ids=layout.input_ids[:n] + ids, positions=layout.positions[:n] + positions)
-    cache = runner.cache
-    null_block = cache.data[:, :, : cache.block_size]
-    if fill in ("nan", "inf"):
-        null_block.fill_(float(fill))
-        cache.data[:, :, cache.scratch_slot].fill_(float(fill))
-    try:
-        yield filled
-    finally:
-        runner.buffers.forget()  # the next step must not keep these padded rows
-        if fill in ("nan", "inf"):
-            null_block.zero_()
-            cache.data[:, :, cache.scratch_slot].zero_()
+        import torch
 
-
-def kv_snapshot(runner) -> torch.Tensor:
-    """Every real slot, slot first: [slots, layers, k/v, kv_heads, head_dim]."""
-    return runner.cache.real_blocks().permute(2, 0, 1, 3, 4).clone()
-
-
-def last_step_inputs(runner) -> dict[str, torch.Tensor]:
-    """Copies of the last step's token ids, positions and slots at its padded size."""
-    size = runner.last_layout.num_tokens if runner.last_layout is not None else 0
-    b = runner.buffers
-    return {"token_ids": b.input_ids[:size].clone(), "positions": b.positions[:size].clone(),
-            "slot_mapping": b.slot_mapping[:size].clone()}
+        generator = torch.Generator().manual_seed(size)
+        ids = torch.randint(0, vocab, (pad,), generator=generator).tolist()
+        positions = torch.randint(0, max_model_len, (pad,), generator=generator).tolist()
+    return replace(plan, input_ids=plan.input_ids[:n] + ids, positions=plan.positions[:n] + positions)

@@ -7,6 +7,8 @@ engines shipped). Block 0 is the null block: padded rows read it and it is never
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 NULL_BLOCK = 0
@@ -15,17 +17,25 @@ NULL_BLOCK = 0
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
+        self.num_layers, self.block_size = num_layers, block_size
+        self.kv_heads, self.head_dim, self.dtype, self.device = kv_heads, head_dim, dtype, device
+        self.resize(num_blocks)
+
+    def resize(self, num_blocks: int) -> None:
+        """Hold num_blocks blocks from now on (what was cached is gone): the memory budget sizes the
+        cache once the graphs' share is known (ModelRunner.fit_kv_cache)."""
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
-        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
-        self.num_slots = num_blocks * block_size
+        self.num_blocks = num_blocks
+        self.num_slots = num_blocks * self.block_size
         self.scratch_slot = self.num_slots
         # [layer, k/v, slot, kv_heads, head_dim]; the last slot is the scratch slot.
-        self.data = torch.zeros(num_layers, 2, self.num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
+        self.data = torch.zeros(self.num_layers, 2, self.num_slots + 1, self.kv_heads, self.head_dim,
+                                dtype=self.dtype, device=self.device)
         # Each layer's keys and values as views made once: an eager step asks for them a few times a
         # layer, and indexing the 5-d tensor each time costs the host more than the kernels it feeds.
-        self._keys = [self.data[layer, 0] for layer in range(num_layers)]
-        self._values = [self.data[layer, 1] for layer in range(num_layers)]
+        self._keys = [self.data[layer, 0] for layer in range(self.num_layers)]
+        self._values = [self.data[layer, 1] for layer in range(self.num_layers)]
 
     def keys(self, layer: int) -> torch.Tensor:
         # Traced by torch.compile, the view is made inside the trace: a view made beforehand enters
@@ -45,12 +55,33 @@ class KVCache:
         """Every slot of every real block (the scratch slot excluded), for snapshots in tests."""
         return self.data[:, :, : self.num_slots]
 
+    def snapshot(self) -> torch.Tensor:
+        """A copy of every real slot, slot first: [slots, layers, k/v, kv_heads, head_dim]."""
+        return self.real_blocks().permute(2, 0, 1, 3, 4).clone()
+
+    @contextmanager
+    def poisoned(self, value: float):
+        """For one step: `value` (NaN, inf) in what only padded rows read, the null block and the
+        scratch slot, so that a real row that reads them shows it; zero again afterwards."""
+        null_block, scratch = self.data[:, :, : self.block_size], self.data[:, :, self.scratch_slot]
+        null_block.fill_(value)
+        scratch.fill_(value)
+        try:
+            yield
+        finally:
+            null_block.zero_()
+            scratch.zero_()
+
 
 class BlockAllocator:
     """Hands out blocks to requests; block 0 is reserved as the null block."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
+        self.reset(num_blocks)
+
+    def reset(self, num_blocks: int) -> None:
+        """Every block free again, num_blocks of them (the cache was resized)."""
         self.free = list(range(num_blocks - 1, NULL_BLOCK, -1))
         self.tables: dict[int, list[int]] = {}
 

@@ -4,7 +4,7 @@ The forward is: embed, then per layer [norm, fused QKV, RoPE] -> attention -> [o
 projection, residual, norm, SwiGLU MLP, residual], then final norm and LM head. The parts
 between two attention calls are the *pieces* that PIECEWISE mode captures one graph each for;
 attention itself is a callable the engine passes in (eager between pieces, or inside one FULL
-graph). Weights come from a Hugging Face Llama checkpoint (the harness writes one per preset).
+graph). Weights come from a Hugging Face Llama checkpoint folder (the harness writes one per preset).
 """
 from __future__ import annotations
 
@@ -17,18 +17,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from harness.expectations import presets
-
 
 @lru_cache(maxsize=4)
-def load_weights(checkpoint: str | None, preset: str, seed: int):
-    """(config, state dict) the decoder takes: read from a Hugging Face checkpoint folder when one
-    is given (the harness hands its own: config.json and safetensors, read without transformers,
-    whose import costs more than the rest of an engine), else the preset's seeded weights.
-    Cached: decoders copy the weights."""
-    if checkpoint is None:
-        model = presets.seeded_model(preset, seed)
-        return model.config, model.state_dict()
+def load_checkpoint(checkpoint: str):
+    """(config, state dict) of a Hugging Face Llama checkpoint folder: config.json and safetensors,
+    read without transformers, whose import costs more than the rest of an engine. Cached:
+    decoders copy the weights."""
     from safetensors.torch import load_file
 
     folder = Path(checkpoint)
@@ -100,6 +94,11 @@ class Decoder(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     @classmethod
+    def from_checkpoint(cls, checkpoint: str) -> "Decoder":
+        """The decoder of a Hugging Face Llama checkpoint folder (fp32, CPU)."""
+        return cls.from_weights(*load_checkpoint(str(checkpoint)))
+
+    @classmethod
     def from_weights(cls, config, sd) -> "Decoder":
         """From a Llama config and a state dict with Hugging Face's parameter names."""
         model = cls(config)
@@ -150,14 +149,10 @@ class Decoder(nn.Module):
         hidden = self.post_attention(self.num_layers - 1, hidden, attn)
         return nn.functional.linear(rms_norm(hidden, self.final_norm, self.eps), self.lm_head)
 
-    def forward(self, input_ids, positions, attention: Callable, pieces=None) -> torch.Tensor:
-        """The whole step, pieces and attention interleaved: logits [T, vocab].
-
-        `pieces` can replace this module's piece functions (compiled versions, say).
-        """
-        pieces = pieces or self
-        hidden, q, k, v = pieces.first_piece(input_ids, positions)
+    def forward(self, input_ids, positions, attention: Callable) -> torch.Tensor:
+        """The whole step, pieces and attention interleaved: logits [T, vocab]."""
+        hidden, q, k, v = self.first_piece(input_ids, positions)
         for index in range(1, self.num_layers):
             attn = attention(index - 1, q, k, v)
-            hidden, q, k, v = pieces.middle_piece(index, hidden, attn, positions)
-        return pieces.last_piece(hidden, attention(self.num_layers - 1, q, k, v))
+            hidden, q, k, v = self.middle_piece(index, hidden, attn, positions)
+        return self.last_piece(hidden, attention(self.num_layers - 1, q, k, v))

@@ -1,54 +1,62 @@
-"""A ModelRunner whose eager step goes through torch.compile(mode="reduce-overhead")."""
+"""A ModelRunner whose steps go through torch.compile(mode="reduce-overhead").
+
+There is no capture phase and no padding: each step runs the model at its own size through the
+compiled function, and reports the mode its graph trees took (harness.graphs.trees): NONE for a
+warm-up, FULL for a recording or a replay (each launches the graph once). An eager step runs the
+same Inductor kernels without graphs, as vLLM's eager reference runs its compiled pieces.
+"""
 from __future__ import annotations
 
 import torch
 
-from reference_runtime.engine.runner import CaptureSummary, CUDAGraphMode, ModelRunner, StepOutput
-
-
-def _skips() -> int:
-    from torch._dynamo.utils import counters
-
-    return sum(v for k, v in counters["inductor"].items() if "cudagraph_skip" in k)
+from harness.graphs import trees
+from harness.protocol import CaptureReport, StepResult
+from reference_runtime.engine.plan import NONE
+from reference_runtime.engine.runner import ModelRunner
 
 
 class CompiledRunner(ModelRunner):
     graphs_enabled = True
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, **seams):
+        super().__init__(config, **seams)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        self._compiled = torch.compile(self._forward_for_compile, mode="reduce-overhead", dynamic=False)
-        self.skipped_steps = 0
+        self.compiled = torch.compile(self.compiled_forward, mode="reduce-overhead", dynamic=False)
+        self.compiled_eager = torch.compile(self.compiled_forward, dynamic=False, options={"triton.cudagraphs": False})
 
-    def _forward_for_compile(self, ids, positions, meta):
-        return self.model.forward(ids, positions, self._attention(meta))
+    def compiled_forward(self, ids, positions, meta):
+        return self.model.forward(ids, positions, self.attention(meta))
 
     def capture(self):
         # Nothing to capture up front: graphs are recorded on first use of each shape.
-        self.capture_summary = CaptureSummary({}, 0.0, None, {}, [], "cuda-graph-trees")
-        return self.capture_summary
-
-    def _execute(self, layout, mode, key):
-        if not self.graphs_enabled:
-            return super()._execute(layout, mode, key)
-        n = layout.num_real_tokens
-        meta = self.buffers.metadata(layout)
-        size = layout.num_tokens
-        before = _skips()
-        logits = self._compiled(self.buffers.input_ids[:size], self.buffers.positions[:size], meta)
-        skipped = _skips() > before
-        self.skipped_steps += skipped
-        # Outputs of a graph tree are overwritten by its next replay: copy the real rows out.
-        return StepOutput(logits[:n].clone(), "NONE" if skipped else "FULL", n, size)
+        if self.capture_report is not None:
+            raise RuntimeError("capture() was called already")
+        self.capture_report = CaptureReport({}, 0.0, None, ())
+        return self.capture_report
 
     def step(self, requests, padding_fill=None):
-        n = sum(len(r.token_ids) for r in requests)
-        return self._run(requests, CUDAGraphMode.NONE, n, None, None, padding_fill)
+        requests = list(requests)
+        return self.execute(self.planner.lay_out(requests, NONE, None, sum(len(r.token_ids) for r in requests)))
 
     def eager_step(self, requests, padded_num_tokens):
         enabled, self.graphs_enabled = self.graphs_enabled, False
         try:
-            return super()._run(requests, CUDAGraphMode.NONE, padded_num_tokens, None, None)
+            return super().eager_step(requests, padded_num_tokens)
         finally:
             self.graphs_enabled = enabled
+
+    def execute(self, plan):
+        self.stager.load(plan)
+        self.last_plan = plan
+        n, size = plan.num_real_tokens, plan.num_padded_tokens
+        inputs = self.stager.input_ids[:size], self.stager.positions[:size], self.stager.metadata(plan)
+        if not self.graphs_enabled:
+            return StepResult(self.compiled_eager(*inputs)[:n].clone(), "NONE", n, size)
+        with trees.observed() as paths:
+            logits = self.compiled(*inputs)
+        mode = trees.runtime_mode(paths)
+        if mode is None:
+            raise RuntimeError("this torch's CUDA graph trees cannot be observed (harness.graphs.trees): "
+                               "the step's mode is unknown")
+        # Outputs of a graph tree are overwritten by its next replay: copy the real rows out.
+        return StepResult(logits[:n].clone(), mode, n, size)

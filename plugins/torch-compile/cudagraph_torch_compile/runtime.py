@@ -1,9 +1,10 @@
 """The reference model's step under torch.compile(mode="reduce-overhead").
 
-PyTorch's CUDA graph trees record a graph per input shape the first time they see it and
-replay it after; they skip graphs when they must (mutated inputs, CPU work, data-dependent
-shapes) and count the skips. There is no capture phase and no padding: every batch size is its
-own shape. A step reports FULL only when no skip has been counted since the step began.
+PyTorch's CUDA graph trees warm a function up per input shape the first time they see it, record
+a graph the next time and replay it after; they skip graphs when they must (mutated inputs, CPU
+work, data-dependent shapes). There is no capture phase and no padding: every batch size is its
+own shape. Each step reports the path its graph trees took, observed from their manager
+(harness.graphs.trees): NONE for a warm-up or a skip, FULL for a recording or a replay.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.protocol import Capabilities, Resolution
-from reference_runtime.adapter import ReferenceEngine, runner_config
+from reference_runtime.adapter import runner_config
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 
@@ -46,13 +47,12 @@ class ReferenceCompile:
         from .runner import CompiledRunner
 
         base = runner_config(config)
-        runner = CompiledRunner(replace(base, graph_backend="cuda", mode="NONE", policy=replace(base.policy, mode="NONE")))
-        engine = ReferenceEngine(runner)
+        runner = CompiledRunner(replace(base, graph_backend="cuda", policy=replace(base.policy, mode="NONE")))
         requested = config.policy.mode
         resolved = "NONE" if requested == "NONE" else "FULL"
-        engine.resolution = Resolution(requested, resolved, () if resolved == requested else (
+        runner.resolution = Resolution(requested, resolved, () if resolved == requested else (
             f"cudagraph_mode {requested} -> {resolved}: torch.compile graphs whole steps, lazily, per shape",))
-        for message in engine.resolution.warnings:
+        for message in runner.resolution.warnings:
             warnings.warn(message, stacklevel=2)
         runner.graphs_enabled = resolved != "NONE"
-        return engine
+        return runner

@@ -10,7 +10,8 @@ retires the old column; when the columns run out they are compacted in place.
 Modes: NONE runs the model eagerly. `graph="manual"` captures one CUDA graph of the decode step
 (every row, one token each): static input buffers, the write offset restored after warm-up.
 `graph="compile"` runs decode steps through torch.compile(mode="reduce-overhead") instead, whose
-CUDA graph trees record and replay on their own (or skip, which the step then reports).
+CUDA graph trees warm up, record and replay on their own; a step reports the path they took
+(harness.graphs.trees), and its eager reference runs the same compiled kernels without graphs.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class StaticCacheEngine:
         self.graph_output = None
         self.capture_summary = None
         self.compiled = None
-        self.compile_skips = 0
+        self.compiled_eager = None
         self.graphs_on = resolution.resolved != "NONE"  # a mode resolved to NONE captures nothing
 
     # -- layout ------------------------------------------------------------------------------
@@ -237,15 +238,28 @@ class StaticCacheEngine:
         return StepResult(out, mode, len(picks), self.rows * width)
 
     def _compiled_decode(self, ids, positions, start):
-        from torch._dynamo.utils import counters
+        """The decode step through the graph trees, with the mode they took (harness.graphs.trees)."""
+        from harness.graphs import trees
 
         if self.compiled is None:
             self.compiled = torch.compile(self._forward_static, mode="reduce-overhead", dynamic=False)
-        before = sum(counters["inductor"].get(k, 0) for k in ("cudagraph_skips",))
-        logits = self.compiled(ids, positions, torch.tensor([start], device=self.device))
-        skipped = sum(counters["inductor"].get(k, 0) for k in ("cudagraph_skips",)) - before
-        self.compile_skips += skipped
-        return logits, ("NONE" if self.compile_skips else "FULL")
+        with trees.observed() as paths:
+            logits = self.compiled(ids, positions, torch.tensor([start], device=self.device))
+        mode = trees.runtime_mode(paths)
+        if mode is None:
+            raise RuntimeError("this torch's CUDA graph trees cannot be observed (harness.graphs.trees): "
+                               "the step's mode is unknown")
+        return logits, mode
+
+    def _static_forward_without_graphs(self):
+        """The decode step an eager reference runs: under graph="compile" the same Inductor kernels
+        the graph trees replay, without graphs (so the two can agree bit for bit); else the model."""
+        if self.graph != "compile":
+            return self._forward_static
+        if self.compiled_eager is None:
+            self.compiled_eager = torch.compile(self._forward_static, dynamic=False,
+                                                options={"triton.cudagraphs": False})
+        return self.compiled_eager
 
     def eager_step(self, requests, padded_num_tokens):
         from harness.protocol import StepResult
@@ -253,7 +267,8 @@ class StaticCacheEngine:
         with torch.inference_mode():
             ids, positions, start, width, picks = self._layout(requests)
             if all(len(r.token_ids) == 1 for r in requests) and self.graph is not None:
-                logits = self._forward_static(ids, positions, torch.tensor([start], device=self.device))
+                forward = self._static_forward_without_graphs()
+                logits = forward(ids, positions, torch.tensor([start], device=self.device))
             else:
                 logits = self._forward(ids, positions, start, width)
             rows, cols = zip(*picks)
