@@ -30,7 +30,32 @@ NOTES = ("LMDeploy {lmdeploy} PyTorch engine, in-process (UniExecutor, BaseModel
          "never serves before its warm-up); one token a request; padded-row fills: zeros or random ids and positions")
 
 
-class LmdeployEngineRuntime:
+class LmdeployPolicyRuntime:
+    """LMDeploy's policy alone (policy.py), on any machine: `--runtime
+    cudagraph_lmdeploy_engine.runtime:LmdeployPolicyRuntime` runs the policy suites without LMDeploy
+    or a GPU (tests/test_lmdeploy_policy.py does, in CI)."""
+
+    name = "lmdeploy-policy"
+    version = f"{__version__} (LMDeploy {LMDEPLOY_VERSION}'s rules, policy.py)"
+    capabilities = p.Capabilities(capture_sizes=True, dispatch=True, mode_resolution=True,
+                                  attention_backends=((ATTENTION, SUPPORT),),
+                                  notes="LMDeploy's CUDA-graph policy for LlamaForCausalLM, restated from its code")
+    policy = LmdeployPolicy()
+
+    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
+        return self.policy.capture_sizes(config)
+
+    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+        return self.policy.padded_size(config, num_tokens)
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+
+    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
+        return self.policy.resolve_mode(request)
+
+
+class LmdeployEngineRuntime(LmdeployPolicyRuntime):
     name = "lmdeploy-engine"
     known_failures = str(KNOWN_FAILURES)
 
@@ -45,7 +70,6 @@ class LmdeployEngineRuntime:
         if lmdeploy.__version__ != LMDEPLOY_VERSION:
             raise RuntimeError(f"lmdeploy-engine reads and drives LMDeploy {LMDEPLOY_VERSION}'s code; "
                                f"found LMDeploy {lmdeploy.__version__} (bash scripts/lmdeploy/install.sh)")
-        self.policy = LmdeployPolicy()
         self.version = f"{__version__} (LMDeploy {lmdeploy.__version__}, PyTorch engine)"
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True,
@@ -55,19 +79,6 @@ class LmdeployEngineRuntime:
             notes=NOTES.format(lmdeploy=lmdeploy.__version__, dtype=settings.DTYPE),
         )
         self.engines_built = 0
-
-    # -- policy: LMDeploy's own rules ------------------------------------------------------
-    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
-        return self.policy.capture_sizes(config)
-
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return self.policy.padded_size(config, num_tokens)
-
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
-
-    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
-        return self.policy.resolve_mode(request)
 
     # -- execution --------------------------------------------------------------------------
     def build(self, config: p.EngineConfig):

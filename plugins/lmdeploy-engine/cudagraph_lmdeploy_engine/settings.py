@@ -87,29 +87,33 @@ def process_state_kept(rng):
 
 
 class EngineRandom:
-    """LMDeploy's CPU and CUDA generator states, seeded once, kept between calls."""
+    """LMDeploy's CPU and CUDA generator states, seeded once, kept between calls (`device` None:
+    the CPU generator only)."""
 
-    def __init__(self, seed: int, device: int):
+    def __init__(self, seed: int, device: int | None):
         import torch
 
         self.device = device
         self.cpu = torch.Generator().manual_seed(seed).get_state()
-        self.cuda = torch.Generator(device=f"cuda:{device}").manual_seed(seed).get_state()
+        self.cuda = None if device is None else torch.Generator(device=f"cuda:{device}").manual_seed(seed).get_state()
 
     def swap_in(self):
         import torch
 
-        caller = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device))
+        caller = (torch.get_rng_state(), None if self.device is None else torch.cuda.get_rng_state(self.device))
         torch.set_rng_state(self.cpu)
-        torch.cuda.set_rng_state(self.cuda, self.device)
+        if self.device is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
         return caller
 
     def swap_out(self, caller) -> None:
         import torch
 
-        self.cpu, self.cuda = torch.get_rng_state(), torch.cuda.get_rng_state(self.device)
+        self.cpu = torch.get_rng_state()
         torch.set_rng_state(caller[0])
-        torch.cuda.set_rng_state(caller[1], self.device)
+        if self.device is not None:
+            self.cuda = torch.cuda.get_rng_state(self.device)
+            torch.cuda.set_rng_state(caller[1], self.device)
 
 
 def event(message: str) -> None:
