@@ -82,7 +82,7 @@ class GraphRunnerObserver:
         def should_use_full_graph(step_context, model_inputs):
             offered = real_should(step_context, model_inputs)
             record = self.record
-            record.decoding, record.offered = bool(step_context.global_is_decoding()), bool(offered)
+            record.decoding, record.offered, record.declined = bool(step_context.global_is_decoding()), bool(offered), None
             if offered and not self.capturing:
                 if not self.graphs_allowed:
                     record.declined = GRAPH_PATH_DECLINED_BEFORE_CAPTURE

@@ -2,7 +2,6 @@
 policy suites against it, and, where LMDeploy 0.18.0 imports (the GPU machine after
 scripts/lmdeploy/install.sh, or here after `python scripts/lmdeploy/fetch.py --cpu-site`), against
 LMDeploy's own functions for every max_batch_size up to 1100 and many user-given size lists."""
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from harness.vocabulary import CONFIG_MODES, FAP, FDO, SUPPORT_LEVELS
 from cudagraph_lmdeploy_engine.policy import LmdeployPolicy, capture_batch_sizes, resolve, user_batch_sizes
 
 ROOT = Path(__file__).resolve().parents[3]
-CPU_SITE = ROOT / ".lmdeploy_gpu" / "cpu_site"
 POLICY = LmdeployPolicy()
 USER_SIZES = [(8, 4, 4, 1, 9000), (3, 7, 30), (1,), (16,), (5, 2), (300, 2, 256, 7)]
 
@@ -81,13 +79,10 @@ def test_the_policy_suites_pass_against_the_policy_runtime(pytester):
 
 # -- against LMDeploy's own functions -----------------------------------------------------------
 @pytest.fixture(scope="module")
-def lmdeploy_policy_code():
-    if CPU_SITE.is_dir() and str(CPU_SITE) not in sys.path:
-        sys.path.append(str(CPU_SITE))  # appended: what the project installs wins over the scratch site
-    config = pytest.importorskip("lmdeploy.pytorch.config", reason="LMDeploy 0.18.0 does not import here "
-                                 "(python scripts/lmdeploy/fetch.py --cpu-site, or scripts/lmdeploy/install.sh)")
-    runner = pytest.importorskip("lmdeploy.pytorch.backends.cuda.graph_runner.runner")
-    return config.normalize_cudagraph_capture_batch_sizes, runner._get_capture_batch_size_impl
+def lmdeploy_policy_code(lmdeploy_code):
+    from lmdeploy.pytorch.config import normalize_cudagraph_capture_batch_sizes
+
+    return normalize_cudagraph_capture_batch_sizes, lmdeploy_code._get_capture_batch_size_impl
 
 
 def test_sizes_are_lmdeploys_for_every_max_batch_size(lmdeploy_policy_code):
