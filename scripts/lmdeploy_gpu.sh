@@ -16,7 +16,7 @@
 #                     8 steps each against transformers and an eager step   -> OUT_DIR/smoke.log, and
 #                     LMDeploy's live state as JSON lines (capture sizes its runner computed, graph
 #                     keys, per step: decoding, key, path, padded size, padded rows) -> OUT_DIR/live.jsonl
-#   suites   the rest pytest over every suite on the small preset, the most telling first, stopped
+#   suites   the rest pytest over every suite on the small preset (LMDEPLOY_PRESET), the most telling first, stopped
 #                     with SIGINT at the budget so the report is still written -> OUT_DIR/suites.log,
 #                     OUT_DIR/report/conformance-lmdeploy-engine.{json,md} (and its plots)
 #   matrix   <=20 s   LMDeploy beside vLLM and the reference, rendered from the committed reports
@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/lmdeploy_gpu.sh OUT_DIR}
 budget=${LMDEPLOY_GPU_BUDGET_S:-540}
 smoke_budget=${LMDEPLOY_SMOKE_S:-150}
+preset=${LMDEPLOY_PRESET:-small}  # the suites' model; the smoke stage probes tiny too
 site=${LMDEPLOY_SITE:-/tmp/site_l}
 python=${PYTHON:-python}  # the interpreter with the machine's CUDA torch (the vLLM lane's)
 mkdir -p "$out/report"
@@ -115,7 +116,7 @@ for path in suites/test_*.py; do  # any suite added later runs too, last
     case " ${paths[*]} " in *" $path "*) ;; *) paths+=("$path") ;; esac
 done
 timeout -s INT -k 30 "$left" "$python" -m pytest "${paths[@]}" \
-    --runtime cudagraph_lmdeploy_engine.runtime:LmdeployEngineRuntime --graph-backend cuda --preset small \
+    --runtime cudagraph_lmdeploy_engine.runtime:LmdeployEngineRuntime --graph-backend cuda --preset "$preset" \
     -p no:xdist -p no:cacheprovider --benchmark-skip --report-dir "$out/report" -q -rs --tb=short \
     --show-capture=no --test-timeout 240 > "$out/suites.log" 2>&1
 status=$?

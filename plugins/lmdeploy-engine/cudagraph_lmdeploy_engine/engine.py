@@ -247,9 +247,11 @@ class LmdeployEngine:
         with agent.all_context(), torch.cuda.stream(agent.stream):
             output = self._loop.run_until_complete(agent.async_forward(inputs))
             logits = agent.get_logits(output["hidden_states"])[0]
+            # Read below on the caller's stream before its memory goes back to the agent's. (Inside
+            # inference mode: record_stream counts as an update, refused on an inference tensor outside it.)
+            logits.record_stream(caller)
         caller.wait_stream(agent.stream)
-        logits.record_stream(caller)  # read below on the caller's stream before its memory goes back
-        return logits.clone()  # a tensor of the caller's own: LMDeploy made these in inference mode
+        return logits.clone()  # a tensor of the caller's own, outside inference mode
 
     def _check(self, record, planned, decoding: bool) -> None:
         """Fail loudly where LMDeploy did not run what this runtime asked, or where it was misread."""

@@ -13,12 +13,14 @@ cheap where LMDeploy is absent (CI).
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from harness import protocol as p
+from harness.vocabulary import FDO
 
 from . import LMDEPLOY_VERSION, __version__, settings
-from .policy import ATTENTION, SUPPORT, LmdeployPolicy, check_supported, resolve
+from .policy import ATTENTION, SUPPORT, LmdeployPolicy, resolve
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 NOTES = ("LMDeploy {lmdeploy} PyTorch engine, in-process (UniExecutor, BaseModelAgent, CUDAGraphRunner), its Triton "
@@ -85,7 +87,7 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
         from .engine import LmdeployEngine
 
         self._check_config(config)
-        check_supported(config.policy)
+        self.policy.sizes(replace(config.policy, mode=FDO))  # ValueError, before any build, for what LMDeploy rejects
         resolved, downgrades = resolve(config.policy.mode)
         self.engines_built += 1
         policy = config.policy
@@ -93,6 +95,7 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
                  f"tokens={policy.max_num_batched_tokens}")
         engine = LmdeployEngine(config, resolved, label)
         engine.resolution = p.Resolution(policy.mode, resolved, downgrades)
+        settings.event(f"built {label}: {engine.describe()}")
         for message in downgrades:
             warnings.warn(f"LMDeploy: {message}", stacklevel=2)
         return engine
