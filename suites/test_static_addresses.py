@@ -17,10 +17,14 @@ LOUD = (RuntimeError, AssertionError)  # what an address check raises (vLLM: an 
 
 
 def test_addresses_survive_capture_replays_and_steps(check, engines):
+    """Capture may add buffers (an engine that allocates each graph's inputs as it captures that
+    graph, as LMDeploy does), but moves none that existed before it; after capture, none moves."""
     engine = engines.for_mode("FULL_AND_PIECEWISE", fresh=True, capture=False)
-    before = dict(engine.static_buffer_addresses())
+    existing = dict(engine.static_buffer_addresses())
     engine.capture()
-    check.equal(dict(engine.static_buffer_addresses()), before, what="capture moved a static buffer", source=OBSERVED)
+    before = dict(engine.static_buffer_addresses())
+    check.equal({name: before.get(name) for name in existing}, existing, what="capture moved (or dropped) a static "
+                "buffer", source=OBSERVED)
     seqs = prefill(engine, [engines.new_id() for _ in range(7)], [3, 5, 2, 9, 4, 7, 1])
     for n in (1, 3, 7, 5):
         joined = engines.new_id()

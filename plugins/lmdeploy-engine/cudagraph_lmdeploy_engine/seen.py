@@ -1,0 +1,55 @@
+"""The inputs a forward read, taken from LMDeploy's own tensors: the static buffers of the graph
+(or fake-capture runner) that ran, or the eager forward's arguments. From them, the KV slot each
+token's row writes, as LMDeploy's `fill_kv_cache` kernel addresses it (kernels/cuda/
+fill_kv_cache.py): batch row b writes its q_len[b] new tokens at positions kv_len[b] - q_len[b] ..
+kv_len[b] - 1, each in block block_offsets[b][position // block_size]. Token t belongs to row b
+when it is among row b's tokens in query order (cu_seqlens_q, as the attention reads them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .requests import slot_number
+
+
+@dataclass
+class Seen:
+    token_ids: object  # [tokens] tensor (a view of LMDeploy's buffer: clone before the next step)
+    positions: object
+    q_len: list[int]  # per batch row, padded rows included
+    kv_len: list[int]
+    block_offsets: list[list[int]]
+
+    def slot_mapping(self, block_size: int) -> list[int]:
+        slots = []
+        for q, kv, blocks in zip(self.q_len, self.kv_len, self.block_offsets):
+            for position in range(kv - q, kv):
+                slots.append(slot_number(blocks[position // block_size], position % block_size, block_size))
+        return slots
+
+
+def from_graph(graph_meta) -> Seen:
+    """A graph's static inputs (CudaGraphMixin.make_buffers_cudagraph): input_ids and position_ids
+    of its token capacity, qkv_lens = (q_start_loc, q_seqlens, kv_seqlens) and block_offsets of its
+    batch capacity, padded rows included (fill_graph_common_inputs gives them q_len 1, kv_len 1 and
+    block 0)."""
+    buffers, tokens, rows = graph_meta.input_buffers, int(graph_meta.max_tokens), int(graph_meta.max_batchs)
+    _, q_len, kv_len = buffers["qkv_lens"][:, :rows].tolist()
+    return Seen(buffers["input_ids"][0, :tokens], buffers["position_ids"][0, :tokens], q_len, kv_len,
+                buffers["block_offsets"][:rows].tolist())
+
+
+def from_eager(kwargs) -> Seen:
+    """An eager forward's own arguments (no padding): its attention metadata has the same fields."""
+    meta = kwargs["attn_metadata"]
+    return Seen(kwargs["input_ids"][0], kwargs["position_ids"][0], meta.q_seqlens.tolist(), meta.kv_seqlens.tolist(),
+                meta.block_offsets.tolist())
+
+
+def from_record(record) -> Seen:
+    if record.graph_inputs is not None:
+        return from_graph(record.graph_inputs[0])
+    if record.eager_inputs is not None:
+        return from_eager(record.eager_inputs)
+    raise RuntimeError("the step left no inputs to read: LMDeploy's forward filled no graph buffers and ran no eager "
+                       "forward this runtime saw")
