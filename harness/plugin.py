@@ -58,6 +58,9 @@ def pytest_addoption(parser):
                     help="fail a test phase (setup, call, teardown) that runs longer than this; one blocked in native "
                          "code ends the process after a grace period, with its stacks and a report "
                          "(default %(default)s; 0 turns it off)")
+    parser.addini("reproduce_command", default="pytest",
+                  help="the command that failures' reproduction lines start with (the installed suites' ini "
+                       "says cudagraph-conformance, which finds them from any directory)")
 
 
 class Conformance:
@@ -71,9 +74,10 @@ class Conformance:
         self.graph_backend, self.no_backend = choose_graph_backend(config.getoption("graph_backend"), runtime)
         self.hypothesis_profile = _load_hypothesis_profile(config)
         self.hypothesis_seed = config.getoption("hypothesis_seed", None)
+        self.reproduce_command = config.getini("reproduce_command")
 
     def reproduce(self, nodeid: str, hypothesis: bool = False) -> str:
-        command = f"pytest {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
+        command = f"{self.reproduce_command} {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
         if self.graph_backend:  # chosen only for a runtime with execution
             command += f" --graph-backend {self.graph_backend}"
         if hypothesis and self.hypothesis_seed is not None:
