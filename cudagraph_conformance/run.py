@@ -8,7 +8,7 @@ What makes a run from the wheel the same as `pytest suites/ ...` in a checkout:
 - the directory you run from is importable (`--runtime mypackage.module:factory`), as with
   `python -m pytest`, and pytest's cache is written there, not into site-packages.
 
-Arguments that start with `suites/` name the installed suites (`suites/test_padding.py`,
+Arguments that start with `suites/` name the installed suites (`suites/`, `suites/test_padding.py`,
 `--deselect suites/test_x.py::test_y`); without one, every suite runs. Everything else is passed to
 pytest as given, so `--known-failures` and `--report-dir` are read relative to where you run.
 """
@@ -20,6 +20,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 SUITES = "suites"
+PATH_OPTIONS = ("--ignore", "--ignore-glob")  # paths, read from where you run
+NODEID_OPTIONS = ("--deselect",)  # test ids, which pytest reads relative to the rootdir
 
 
 def suites_root() -> Path:
@@ -32,8 +34,8 @@ def suites_root() -> Path:
 
 
 def _names_suites(arg: str) -> bool:
-    path = arg.split("::", 1)[0].replace(os.sep, "/")
-    return path == SUITES or path.startswith(SUITES + "/")
+    # `suites/...` only: a bare word "suites" may be an option's value (-k suites).
+    return arg.replace(os.sep, "/").startswith(SUITES + "/")
 
 
 def _cache_disabled(argv: list[str]) -> bool:
@@ -43,12 +45,30 @@ def _cache_disabled(argv: list[str]) -> bool:
     return False
 
 
+def config_file(root: Path) -> Path:
+    """The project's pytest settings beside the suites: the wheel's pytest.ini, a checkout's pyproject.toml."""
+    return next(path for path in (root / "pytest.ini", root / "pyproject.toml") if path.is_file())
+
+
 def pytest_args(argv: list[str], root: Path, cwd: Path) -> list[str]:
-    """The arguments pytest gets: the suites' paths made absolute, and the rootdir and cache set."""
-    args = [str(root / arg) if _names_suites(arg) else arg for arg in argv]
-    if not any(_names_suites(arg) for arg in argv):
+    """The arguments pytest gets: the suites' paths made absolute, the rootdir, the settings and the
+    cache set. Named explicitly: pytest would look for its settings above every argument that is
+    a path, option values included (`--report-dir out`), and might not reach the suites' own."""
+    args, positional = [], False
+    for index, arg in enumerate(argv):
+        option, equals, value = arg.partition("=")
+        if equals and option in PATH_OPTIONS and _names_suites(value):
+            args.append(f"{option}={root / value}")
+        elif _names_suites(arg) and index and argv[index - 1] in NODEID_OPTIONS:
+            args.append(arg)  # a test id, already relative to the rootdir
+        elif _names_suites(arg):
+            args.append(str(root / arg))
+            positional |= not index or argv[index - 1] not in PATH_OPTIONS
+        else:
+            args.append(arg)
+    if not positional:
         args.append(str(root / SUITES))
-    head = ["--rootdir", str(root)]
+    head = ["--rootdir", str(root), "-c", str(config_file(root))]
     if not _cache_disabled(argv):
         head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]
     return head + args
