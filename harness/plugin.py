@@ -18,7 +18,7 @@ from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
-from harness.session import known_failures, machine, scheduling
+from harness.session import header, known_failures, machine, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS
 
@@ -105,6 +105,7 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own configure reads the seed
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
+    header.keep_benchmarks_quiet(config)
     option = config.getoption("runtime")
     try:
         runtime = registry.resolve(option, config.pluginmanager)
@@ -157,6 +158,7 @@ def pytest_report_header(config):
         f"graph backend: {c.graph_backend or c.no_backend}",
         f"device: {report.device_description(runtime)}",
         f"hypothesis: profile {c.hypothesis_profile}, seed {c.hypothesis_seed}",
+        *header.skip_lines(config, runtime, c.graph_backend, c.no_backend),
     ]
 
 
