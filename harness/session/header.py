@@ -1,5 +1,6 @@
-"""What a run will skip and why, one line each, for the report header; and pytest-benchmark kept
-quiet where it cannot time (under xdist), as it would turn itself off anyway.
+"""What a run will skip and why, one line each, for the report header (and what it cannot check);
+and pytest-benchmark kept quiet where it cannot time (under xdist), as it would turn itself off
+anyway.
 
 Known before collection from the run's choices alone: the capabilities the runtime does not
 declare (each test that needs one is skipped, naming it), the benchmark lane where it cannot run,
@@ -46,6 +47,9 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
         missing = [fill for fill in PADDING_FILLS if fill not in capabilities.padding_fills]
         if missing:
             lines.append(f"skipped: padding fills {', '.join(missing)} (runtime {name!r} cannot make them)")
+    if capabilities.execution and capabilities.padding_fills and not capabilities.input_inspection:
+        lines.append(f"not checked: that a padding fill reached the padded rows (runtime {name!r} does not declare "
+                     "input_inspection, so only real rows are compared with and without the fill)")
     if no_backend:
         lines.append(f"skipped: the execution suites ({no_backend})")
     elif graph_backend != "cuda":
