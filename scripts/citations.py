@@ -51,7 +51,11 @@ class Citation:
     target: Path
 
     def __str__(self) -> str:
-        return f"{self.doc.relative_to(ROOT)}:{self.line}: [{self.text}]({self.target.relative_to(ROOT)})"
+        return f"{shown(self.doc)}:{self.line}: [{self.text}]({shown(self.target)})"
+
+
+def shown(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
 def numbers(text: str) -> list[str]:

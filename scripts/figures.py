@@ -219,7 +219,7 @@ def problems(root: Path = ROOT) -> list[str]:
         for citation in citations.citations(doc):
             absent = citations.missing(citation)
             if absent:
-                found.append(f"{citation}: {', '.join(absent)} not in {citation.target.relative_to(root)}")
+                found.append(f"{citation}: {', '.join(absent)} not in {citations.shown(citation.target)}")
         if rel not in PENDING and rel not in GENERATED_REPORTS:
             found += [f"{rel}:{line}: {figure!r} is a measured figure with no report cited (link it to the report "
                       "it comes from, or render it in a generated section)" for line, figure in citations.uncited(doc)]
