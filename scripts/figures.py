@@ -190,7 +190,22 @@ def cpu_section(doc: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDERERS = {"nightly": nightly_section, "spec-h200": spec_section, "matrix": matrix_section, "cpu-runs": cpu_section}
+FIDELITY = Path("reports/h200")
+
+
+def fidelity_section(doc: Path, root: Path) -> str:
+    """How often the emulator gives CUDA's verdict, from the two committed runs of the fidelity table."""
+    cuda, emulated = (json.loads((root / FIDELITY / name).read_text())["rows"]
+                      for name in ("emulator_fidelity.json", "emulator_fidelity_emulated.json"))
+    bugs = [name for name in cuda if name in emulated and not name.startswith("correct")]
+    same = [name for name in bugs if cuda[name]["verdict"] == emulated[name]["verdict"]]
+    table = link(doc, root / FIDELITY / "emulator_fidelity.md", "`reports/h200/emulator_fidelity.md`")
+    return (f"It was checked against real CUDA graphs on an H200: the fidelity table ({table}) gives the same "
+            f"verdict on {len(same)} of {len(bugs)} graph bugs, and says why for the {len(bugs) - len(same)} it "
+            "cannot mirror (host tensors, memory pools).\n")
+
+
+RENDERERS = {"fidelity": fidelity_section, "nightly": nightly_section, "spec-h200": spec_section, "matrix": matrix_section, "cpu-runs": cpu_section}
 
 
 def render(text: str, doc: Path, root: Path = ROOT) -> str:
