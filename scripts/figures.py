@@ -190,6 +190,32 @@ def cpu_section(doc: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def nightly_host_section(doc: Path, root: Path) -> str:
+    """The newest nightly's host timing and its comparison with the nightly before it."""
+    folder = root / nightly.NIGHTLY
+    host = (folder / "host.txt").read_text()
+    before, after = (re.search(rf"host reference ms{label} \[([^\]]*)\]", host) for label in ("", " after"))
+    summary = (folder / "summary.md").read_text()
+    counted = re.search(r"^(\d+) beyond (\d+)%:", summary, re.M)
+    excused = re.search(r"^(\d+) more beyond it, paced by the host", summary, re.M)
+    flagged = re.findall(r"^- (.*?): latency (\w+) batch (\d+): step_ms_median ([\d.]+) -> ([\d.]+).*beyond the bar$",
+                         summary, re.M)
+    lines = []
+    if before and after:
+        lines.append(f"The newest nightly's host timed its reference loop at {before.group(1)} ms before the job and "
+                     f"{after.group(1)} ms after it ({link(doc, folder / 'host.txt', 'host.txt')}).")
+    if counted:
+        which = "; ".join(f"{what} {mode} batch {batch}, {old} -> {new} ms" for what, mode, batch, old, new in flagged)
+        lines.append(f"Against the nightly before it ({link(doc, folder / 'summary.md', 'its summary')}), "
+                     f"{counted.group(1)} figures were worse beyond their bar ({which}) and "
+                     f"{excused.group(1) if excused else 0} more beyond it were explained by the host's slowdown "
+                     "and not counted.")
+    elif "Regressions against baseline" in summary:
+        lines.append(f"Against the nightly before it ({link(doc, folder / 'summary.md', 'its summary')}), no "
+                     "figure was worse beyond its bar.")
+    return " ".join(lines) + "\n"
+
+
 FIDELITY = Path("reports/h200")
 
 
@@ -205,7 +231,7 @@ def fidelity_section(doc: Path, root: Path) -> str:
             "cannot mirror (host tensors, memory pools).\n")
 
 
-RENDERERS = {"fidelity": fidelity_section, "nightly": nightly_section, "spec-h200": spec_section, "matrix": matrix_section, "cpu-runs": cpu_section}
+RENDERERS = {"fidelity": fidelity_section, "nightly": nightly_section, "nightly-host": nightly_host_section, "spec-h200": spec_section, "matrix": matrix_section, "cpu-runs": cpu_section}
 
 
 def render(text: str, doc: Path, root: Path = ROOT) -> str:
