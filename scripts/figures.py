@@ -183,7 +183,7 @@ def cpu_section(doc: Path, root: Path) -> str:
             date, tally, seconds, log = runs[kind][-1]
             tests = sum(int(n) for n in re.findall(r"(\d+) \w+", tally))
             lines.append(f"| {title} | {link(doc, log, f'{date}: {tally}')} ({tests} tests) | {seconds:.1f} s | "
-                         f"{spread([s for *_, s, _ in runs[kind]], '{:.1f}', ' s')} ({len(runs[kind])} runs) |")
+                         f"{spread([s for *_, s, _ in runs[kind]], '{:.1f}', ' s')} ({len(runs[kind])} run{'s' if len(runs[kind]) != 1 else ''}) |")
     host = root / CPU / runs["all-tests"][-1][0] / "host.txt" if "all-tests" in runs else None
     if host and host.is_file():
         lines += ["", f"The machine: {host.read_text().strip()} ({link(doc, host, 'host.txt')})."]
