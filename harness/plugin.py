@@ -18,7 +18,7 @@ from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
-from harness.session import known_failures, machine, scheduling
+from harness.session import header, known_failures, machine, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS
 
@@ -58,6 +58,9 @@ def pytest_addoption(parser):
                     help="fail a test phase (setup, call, teardown) that runs longer than this; one blocked in native "
                          "code ends the process after a grace period, with its stacks and a report "
                          "(default %(default)s; 0 turns it off)")
+    parser.addini("reproduce_command", default="pytest",
+                  help="the command that failures' reproduction lines start with (the installed suites' ini "
+                       "says cudagraph-conformance, which finds them from any directory)")
 
 
 class Conformance:
@@ -71,9 +74,10 @@ class Conformance:
         self.graph_backend, self.no_backend = choose_graph_backend(config.getoption("graph_backend"), runtime)
         self.hypothesis_profile = _load_hypothesis_profile(config)
         self.hypothesis_seed = config.getoption("hypothesis_seed", None)
+        self.reproduce_command = config.getini("reproduce_command")
 
     def reproduce(self, nodeid: str, hypothesis: bool = False) -> str:
-        command = f"pytest {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
+        command = f"{self.reproduce_command} {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
         if self.graph_backend:  # chosen only for a runtime with execution
             command += f" --graph-backend {self.graph_backend}"
         if hypothesis and self.hypothesis_seed is not None:
@@ -101,6 +105,7 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own configure reads the seed
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
+    header.keep_benchmarks_quiet(config)
     option = config.getoption("runtime")
     try:
         runtime = registry.resolve(option, config.pluginmanager)
@@ -153,6 +158,7 @@ def pytest_report_header(config):
         f"graph backend: {c.graph_backend or c.no_backend}",
         f"device: {report.device_description(runtime)}",
         f"hypothesis: profile {c.hypothesis_profile}, seed {c.hypothesis_seed}",
+        *header.skip_lines(config, runtime, c.graph_backend, c.no_backend),
     ]
 
 

@@ -116,6 +116,8 @@ def _run_header(run: dict, label: str) -> list[str]:
         f"- runtime: {run['runtime']} {run.get('version', '')}",
         f"- device: {run.get('device')}",
         f"- torch: {run.get('torch')}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}",
+        *([f"- harness: {run['harness_version']}, suites {run.get('suites_digest', '')[:12]} "
+           f"({len(run.get('suite_files') or {})} files)"] if run.get("harness_version") else []),
         f"- capabilities: {', '.join(capabilities) or 'none'}",
         f"- {'complete' if run.get('complete') else 'INCOMPLETE (the run stopped early)'}; {duration}; "
         + (", ".join(f"{n} {k}" for k, n in sorted((run.get("summary") or {}).items())) or "no tests"),

@@ -8,6 +8,7 @@ crashes part-way still leaves a report of what ran: a test that started and neve
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import platform
 import subprocess
@@ -20,10 +21,16 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from harness.reports import render
 from harness.session.machine import cuda_available
 from harness.reports.records import SCHEMA_VERSION
 from harness.reliability.safe import describe_exception, safe_str
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 FLUSH_SECONDS = 5.0
 PLUGIN_NAME = "cudagraph-conformance-report"
@@ -58,13 +65,52 @@ def device_description(runtime) -> str:
     return f"cpu ({platform.machine()}), policy only"
 
 
-def git_commit() -> str | None:
+UNKNOWN_COMMIT = "unknown"
+PROJECT = "cudagraph-conformance"
+
+
+def project_root() -> Path:
+    """Where this harness is: a checkout's top level, or site-packages for an installed wheel."""
+    return Path(harness.__file__).resolve().parent.parent
+
+
+def is_project_checkout(top: Path) -> bool:
+    """Whether `top` is this project's own source tree: its pyproject.toml names the project."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        commit = out.stdout.strip()
-        return commit if out.returncode == 0 and len(commit) == 40 else None
+        return tomllib.loads((top / "pyproject.toml").read_text()).get("project", {}).get("name") == PROJECT
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def git_commit(top: Path | None = None) -> str:
+    """The commit of the harness's own checkout; "unknown" for an installed wheel, or a tree that is
+    not its own git checkout (an exported tree inside another repository has that one's commit)."""
+    top = project_root() if top is None else top
+    if not is_project_checkout(top):
+        return UNKNOWN_COMMIT
+    try:
+        out = subprocess.run(["git", "-C", str(top), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return UNKNOWN_COMMIT
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or len(lines[1]) != 40:
+        return UNKNOWN_COMMIT
+    return lines[1] if Path(lines[0]).resolve() == top.resolve() else UNKNOWN_COMMIT
+
+
+def file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or type(exc).__name__}"
+
+
+def suites_digest(files: dict[str, str]) -> str:
+    """One digest for the suite files that ran ({path relative to the rootdir: its sha256}): two
+    reports with the same digest ran the same test code, from a checkout or from a wheel."""
+    text = "".join(f"{path}\0{digest}\n" for path, digest in sorted(files.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _torch_version() -> str | None:
@@ -96,6 +142,8 @@ class RunReport:
         self.baseline_runs = [render.load_run(path) for path in config.getoption("baseline", None) or []]
         self.threshold = config.getoption("regression_threshold", 0.10)
         self.regressions: list[dict] = []
+        self.rootpath = Path(config.rootpath)
+        self.file_digests: dict[str, str] = {}  # each test file's sha256, read once
 
     # -- pytest hooks (this object is registered as a plugin) -----------------------------
     def pytest_runtest_logreport(self, report):
@@ -153,17 +201,29 @@ class RunReport:
         return device_description(self.runtime)
 
     @functools.cached_property
-    def commit(self) -> str | None:
+    def commit(self) -> str:
         # Once per run, not at every flush: a subprocess each time would hold up the watchdog's flush too.
         return git_commit()
+
+    def known_failures_files(self) -> list[dict]:
+        known = self.config.pluginmanager.get_plugin("cudagraph-conformance-known-failures")
+        return known.as_report() if known is not None else []
+
+    def suite_files(self, tests: list[dict]) -> dict[str, str]:
+        """{test file: sha256} for the files whose tests are in the report."""
+        for path in {test["nodeid"].split("::")[0] for test in tests} - set(self.file_digests):
+            self.file_digests[path] = file_digest(self.rootpath / path)
+        return {path: self.file_digests[path] for path in sorted({t["nodeid"].split("::")[0] for t in tests})}
 
     def as_dict(self) -> dict:
         runtime = self.runtime
         tests = [self._as_ended(r) for r in sorted(self.results.values(), key=lambda r: r["nodeid"])]
         counts = Counter(r["outcome"] for r in tests)
         torch_version = _torch_version()
+        files = self.suite_files(tests)
         return {
             "schema_version": SCHEMA_VERSION,
+            "harness_version": harness.__version__,
             "runtime": runtime.name,
             "version": runtime.version,
             "capabilities": asdict(runtime.capabilities),
@@ -173,6 +233,9 @@ class RunReport:
             "torch": torch_version,
             "python": platform.python_version(),
             "git_commit": self.commit,
+            "suites_digest": suites_digest(files),
+            "suite_files": files,
+            "known_failures_files": self.known_failures_files(),
             "args": list(self.config.invocation_params.args),
             "started": self.started,
             "seconds": round(time.time() - self.started, 3),

@@ -1,6 +1,8 @@
 """Known-failure files: owned by a runtime, they turn expected failures into strict xfails.
 
-TOML, one table per entry::
+TOML, one table per entry, and optionally the harness versions the file was written for::
+
+    harness_versions = ">=0.1,<0.2"  # a PEP 440 specifier; another version reports the file as stale
 
     [[failure]]
     test = "suites/test_replay_equivalence.py::test_*[mycompile-FULL*]"
@@ -13,6 +15,10 @@ TOML, one table per entry::
 
 In `test`, `*` matches any text and `?` one character; everything else, brackets included, is
 literal, so a parametrised id `[...]` is written as it appears in the test id.
+
+A file whose `harness_versions` leave out the running harness still applies; it is listed with
+the stale entries (the terminal summary and the report's `known_failures_files`), since suites
+change between versions and its entries may no longer say what the suites find.
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+import harness
 from harness.vocabulary import GRAPH_BACKENDS
 
 if sys.version_info >= (3, 11):
@@ -95,7 +103,21 @@ class KnownFailure:
         return "the test was renamed, or the file moved"
 
 
-def load(path: str | Path) -> list[KnownFailure]:
+@dataclass(frozen=True)
+class KnownFailuresFile:
+    path: str
+    entries: tuple[KnownFailure, ...]
+    harness_versions: str | None = None  # a PEP 440 specifier set; None: any version
+
+    def version_stale(self, version: str = harness.__version__) -> str | None:
+        """Why the file may be out of date for this harness version; None when it was written for it."""
+        if self.harness_versions is None or SpecifierSet(self.harness_versions).contains(version, prereleases=True):
+            return None
+        return (f"written for harness versions {self.harness_versions}, and this is {version}: check that its "
+                "entries still hold, then update harness_versions")
+
+
+def read(path: str | Path) -> KnownFailuresFile:
     path = Path(path)
     if not path.is_file():
         raise KnownFailuresError(f"known-failures file {str(path)!r} does not exist")
@@ -103,10 +125,29 @@ def load(path: str | Path) -> list[KnownFailure]:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise KnownFailuresError(f"known-failures file {path} is not valid TOML: {exc}") from None
-    unknown = set(data) - {"failure"}
+    unknown = set(data) - {"failure", "harness_versions"}
     if unknown:
-        raise KnownFailuresError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[failure]] tables")
-    return [_entry(raw, f"{path}:failure #{number}") for number, raw in enumerate(data.get("failure", []), start=1)]
+        raise KnownFailuresError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[failure]] tables "
+                                 "and, optionally, harness_versions")
+    entries = tuple(_entry(raw, f"{path}:failure #{number}") for number, raw in enumerate(data.get("failure", []), start=1))
+    return KnownFailuresFile(str(path), entries, _versions(data.get("harness_versions"), path))
+
+
+def load(path: str | Path) -> list[KnownFailure]:
+    return list(read(path).entries)
+
+
+def _versions(value, path: Path) -> str | None:
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise InvalidSpecifier(value)
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise KnownFailuresError(f"{path}: harness_versions must be a version specifier string such as "
+                                 f"\">=0.1,<0.2\" or \"==0.1.*\" (PEP 440), got {value!r}") from None
+    return value
 
 
 def _entry(raw: dict, where: str) -> KnownFailure:
@@ -149,8 +190,9 @@ class KnownFailurePlugin:
     """Marks known failures as strict xfails, holds them to their bounds, and reports stale
     entries and how many tests each entry covered."""
 
-    def __init__(self, entries: list[KnownFailure]):
+    def __init__(self, entries: list[KnownFailure], files: list[KnownFailuresFile] = ()):
         self.entries = entries
+        self.files = list(files)
         self.stale: set[str] = set()
         self.covered: dict[str, int] = {entry.source: 0 for entry in entries}
 
@@ -160,8 +202,18 @@ class KnownFailurePlugin:
         own = getattr(runtime, "known_failures", None)
         if own and str(own) not in paths:
             paths.insert(0, str(own))
-        entries = [entry for path in paths for entry in load(path)]
-        return cls([entry for entry in entries if entry.applies_to(graph_backend)])
+        files = [read(path) for path in paths]
+        entries = [entry for file in files for entry in file.entries]
+        return cls([entry for entry in entries if entry.applies_to(graph_backend)], files)
+
+    def as_report(self) -> list[dict]:
+        """Each file for the JSON report: its versions, whether they are stale, its stale entries and
+        how many tests each entry covered."""
+        return [{"path": file.path, "harness_versions": file.harness_versions, "stale": file.version_stale(),
+                 "stale_entries": [{"entry": entry.source, "test": entry.test, "likely_cause": entry.likely_cause()}
+                                   for entry in file.entries if entry.source in self.stale],
+                 "covered": {entry.source: self.covered.get(entry.source, 0) for entry in file.entries}}
+                for file in self.files]
 
     def pytest_collection_modifyitems(self, config, items):
         for item in items:
@@ -217,8 +269,11 @@ class KnownFailurePlugin:
 
     def pytest_terminal_summary(self, terminalreporter):
         stale_entries = [e for e in self.entries if e.source in self.stale]
-        if stale_entries:
+        stale_files = [(file.path, file.version_stale()) for file in self.files if file.version_stale()]
+        if stale_entries or stale_files:
             terminalreporter.section("stale known failures")
+            for path, why in stale_files:
+                terminalreporter.write_line(f"{path}: {why}")
             for entry in stale_entries:
                 terminalreporter.write_line(f"{entry.source}: {entry.test!r} matches no test; {entry.likely_cause()}")
         if any(self.covered.values()):
