@@ -31,7 +31,7 @@ budget=${LMDEPLOY_GPU_BUDGET_S:-540}
 smoke_budget=${LMDEPLOY_SMOKE_S:-150}
 preset=${LMDEPLOY_PRESET:-small}  # the suites' model; the smoke stage probes tiny too
 site=${LMDEPLOY_SITE:-/tmp/site_l}
-python=${PYTHON:-python}  # the interpreter with the machine's CUDA torch (the vLLM lane's)
+python=${PYTHON:-python3}  # the interpreter with the machine's CUDA torch (the vLLM lane's)
 mkdir -p "$out/report"
 out=$(cd "$out" && pwd)
 start=$(date +%s)
