@@ -98,15 +98,19 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
 def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engines, mode):
     """The padded rows the engine itself wrote: token ids in the vocabulary, positions inside the
     model's length, the padding slot; and the same values after a large batch as after a small one
-    (stale positions left in padded rows are a bug real engines shipped)."""
+    (stale positions left in padded rows are a bug real engines shipped). A runtime that declares
+    `random_padding_ids` draws the ids anew each step: they are held to differ from what the step
+    before left in those rows, and only positions and slots to be the same."""
     engine = engines.for_mode(mode)
+    random_ids = engines.runtime.capabilities.random_padding_ids
     seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
     for n in padded_counts(engines.runtime, engine, len(seqs)):
         requests = decode_requests(seqs[:n])
-        seen = []
+        seen, left_there = [], []
         stranger = engines.new_id()
         for previous in (decode_requests(seqs), mixed_requests([], [stranger], [8]), decode_requests(seqs[:1])):
             engine.step(previous)  # leaves another batch's rows in the static buffers
+            before = engine.last_step_inputs().token_ids
             out = engine.step(requests)
             inputs = engine.last_step_inputs()
             pad = slice(out.num_tokens, out.padded_num_tokens)
@@ -121,12 +125,19 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
             check.that(bool((slots == inputs.padding_slot).all()), source=OBSERVED, case=case,
                        what=f"padded rows must carry the padding slot {inputs.padding_slot} (no KV write)",
                        padded_slots=slots.tolist())
-            seen.append(torch.stack([ids, positions, slots]).cpu())
+            kept = [ids] if not random_ids else []
+            seen.append(torch.stack([*kept, positions, slots]).cpu())
+            if random_ids and len(before) >= out.padded_num_tokens:
+                left_there.append(bool(torch.equal(ids.cpu(), before[pad].cpu())))
         engine.release(stranger)
         check.that(all(torch.equal(seen[0], other) for other in seen[1:]), source=OBSERVED,
                    case=describe_batch(requests), what="padded rows hold different values depending on which "
-                   "batch ran before: stale rows from an earlier step",
+                   "batch ran before: stale rows from an earlier step" + (" (positions and slots: the runtime "
+                   "declares random_padding_ids)" if random_ids else ""),
                    padded_rows_after_each=[rows.tolist() for rows in seen])
+        check.that(not (left_there and all(left_there)), source=OBSERVED, case=describe_batch(requests),
+                   what="the runtime declares random_padding_ids, but its padded rows hold the token ids the "
+                        "step before left there", steps_whose_ids_were_left=len(left_there))
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])

@@ -11,6 +11,7 @@ import warnings
 from dataclasses import replace
 from functools import partial
 
+import torch
 
 from harness.graphs import make_backend
 from harness.protocol import CaptureReport, Resolution, StepResult
@@ -23,13 +24,16 @@ from reference_runtime.engine.runner import ModelRunner
 from reference_runtime.policy import BatchDescriptor, CUDAGraphMode, Dispatcher
 
 
-def mutant(name: str, class_name: str, make_runner, doc: str | None = None) -> type:
-    """The reference runtime whose engines are `make_runner(runner config)`."""
+def mutant(name: str, class_name: str, make_runner, doc: str | None = None, **declares) -> type:
+    """The reference runtime whose engines are `make_runner(runner config)`, declaring what the
+    reference does and `declares` besides."""
     def build(self, config):
         return make_runner(runner_config(config))
 
-    return type(class_name, (ReferenceRuntime,), {"name": name, "build": build,
-                                                   "__doc__": doc or make_runner.__doc__})
+    namespace = {"name": name, "build": build, "__doc__": doc or make_runner.__doc__}
+    if declares:
+        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, **declares)
+    return type(class_name, (ReferenceRuntime,), namespace)
 
 
 def with_seams(**seams):
@@ -127,6 +131,30 @@ class _StalePaddedPositionsStager(StaticBuffers):
         real, size = plan.num_real_tokens, plan.num_padded_tokens
         left = self.positions[real:size].tolist()  # what an earlier step left there
         return super().stage(replace(plan, positions=plan.positions[:real] + left))
+
+
+class StalePaddingIdsStager(StaticBuffers):
+    """Padded rows keep the token ids an earlier step left in the static buffer, while the runtime
+    declares random_padding_ids: it claims to draw them anew and does not."""
+
+    def stage(self, plan):
+        real, size = plan.num_real_tokens, plan.num_padded_tokens
+        return super().stage(replace(plan, input_ids=plan.input_ids[:real] + self.input_ids[real:size].tolist()))
+
+
+class RandomPaddingIdsStager(StaticBuffers):
+    """Draws padded rows' token ids anew every step (as LMDeploy does), without declaring
+    random_padding_ids: the padded inputs then depend on the step, which the suite cannot tell
+    from stale ones."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.draws = torch.Generator().manual_seed(0)
+
+    def stage(self, plan):
+        real, size = plan.num_real_tokens, plan.num_padded_tokens
+        ids = torch.randint(1, 200, (size - real,), generator=self.draws).tolist()
+        return super().stage(replace(plan, input_ids=plan.input_ids[:real] + ids))
 
 
 class _KeptRowsKeepTheirTablesPlanner(Planner):
@@ -483,10 +511,20 @@ GraphMemoryInKiB = mutant("graph-memory-in-kib", "GraphMemoryInKiB", _GraphMemor
 SecondCaptureTypeError = mutant("second-capture-type-error", "SecondCaptureTypeError", _SecondCaptureTypeError)
 RecapturesSilently = mutant("recaptures-silently", "RecapturesSilently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", "CapturesInService", _CapturesInService)
+StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
+                                       with_seams(stager=StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
+                                       random_padding_ids=True)
+RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
+                                    with_seams(stager=RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
+# Not a mutant: random ids, declared, as LMDeploy's; the suite must let it pass.
+RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
+                                  with_seams(stager=RandomPaddingIdsStager), "Random padded ids, declared.",
+                                  random_padding_ids=True)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
            KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, KeptRowsUpdateOneTokenARow, IgnoresPaddingFills,
            OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone, ReportsGraphRunsEager,
            ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
            RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
-           SecondCaptureTypeError, RecapturesSilently, CapturesInService]
+           SecondCaptureTypeError, RecapturesSilently, CapturesInService, StalePaddingIdsDeclaredRandom,
+           RandomPaddingIdsUndeclared]

@@ -14,6 +14,7 @@ BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_
 FILLS = "test_padding_isolation.py::test_real_rows_ignore_what_padded_rows_hold[{name}-random-FULL_AND_PIECEWISE]"
 AFTER_PHASE = "test_capture_accounting.py::test_nothing_is_captured_after_the_capture_phase"
 MOVED = "test_static_addresses.py::test_a_moved_input_fails_loudly_or_is_not_read[{name}-uniform]"
+PADDED_INPUTS = "test_padding_isolation.py::test_padded_inputs_are_valid_and_do_not_remember_earlier_steps[{name}-FULL]"
 
 # mutant -> (tests to run, suites that must fail, words the failure must contain)
 MUST_CATCH = {
@@ -55,6 +56,8 @@ MUST_CATCH = {
     "SecondCaptureTypeError": ([AFTER_PHASE], "TypeError"),
     "RecapturesSilently": ([AFTER_PHASE], "was accepted"),
     "CapturesInService": ([AFTER_PHASE], "captured while serving"),
+    "StalePaddingIdsDeclaredRandom": ([PADDED_INPUTS], "declares random_padding_ids, but"),
+    "RandomPaddingIdsUndeclared": ([PADDED_INPUTS], "stale rows from an earlier step"),
 }
 
 
@@ -70,3 +73,12 @@ def test_execution_suites_catch_the_mutant(pytester, record_property, mutant):
     suites = {target.split("::")[0] for target in targets}
     assert_caught(pytester, record_property, f"tests.broken_engines:{mutant}", getattr(broken_engines, mutant).__doc__,
                   targets, suites, mentions=(words,))
+
+
+def test_random_padding_ids_declared_pass(pytester):
+    """The declaration is fair: an engine that draws padded ids anew every step and says so passes."""
+    from tests.catching import run_suites
+
+    name = broken_engines.RandomPaddingIdsDeclared.name
+    report = run_suites(pytester, "tests.broken_engines:RandomPaddingIdsDeclared", [PADDED_INPUTS.format(name=name)])
+    assert [t["outcome"] for t in report["tests"]] == ["passed"], [t.get("reason") for t in report["tests"]]

@@ -78,6 +78,9 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
             execution=True, graph_backends=("cuda",), attention_backends=((ATTENTION, SUPPORT),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=settings.DTYPE,
+            # fill_buffers_cudagraph (lmdeploy/pytorch/models/utils/cudagraph.py) draws every padded
+            # row's token id anew each step: "Random padding balances MoE routing".
+            random_padding_ids=True,
             notes=NOTES.format(lmdeploy=lmdeploy.__version__, dtype=settings.DTYPE),
         )
         self.engines_built = 0
