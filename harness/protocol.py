@@ -56,6 +56,8 @@ class Capabilities:
         text = ", ".join(on) or "none"
         if self.graph_backends:
             text += f"; graph backends: {', '.join(self.graph_backends)}"
+        if self.execution:
+            text += f"; precision: {self.precision}"
         return text
 
 

@@ -19,6 +19,11 @@ PADDING_FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...)
 # tolerance each one earns against the float32 anchor.
 PRECISIONS = ("ieee", "tf32", "bfloat16", "float16")
 
+
+def engine_dtype(precision: str) -> str:
+    """The dtype the harness builds an engine in: the precision where it names one, else float32."""
+    return precision if precision in ("bfloat16", "float16") else "float32"
+
 # -- modes (spec section 2) -------------------------------------------------------------------
 # What one step runs, lowest first: data-parallel ranks agree on the lowest.
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")

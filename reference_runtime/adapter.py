@@ -37,7 +37,7 @@ class ReferenceRuntime:
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
         padding_fills=("zeros", "random", "nan", "inf"), loads_checkpoint=True, kv_inspection=True,
-        input_inspection=True, address_checks=True, data_parallel_execution=True,
+        input_inspection=True, address_checks=True, data_parallel_execution=True, precision="ieee",
         notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 

@@ -29,7 +29,7 @@ from harness.graphs import device_for
 from harness.graphs.log import LOG, GraphLog
 from harness.protocol import EngineConfig, PolicyConfig, StepResult
 from harness.reliability.safe import describe_exception
-from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED
+from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED, engine_dtype
 
 
 class ObservedEngine:
@@ -198,12 +198,13 @@ class EngineFactory:
     started; `fresh=True` builds one nobody else has used.
     """
 
-    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str = "float32",
+    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str | None = None,
                  max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                  kv_tokens: int | None = 1024):
         self.runtime = runtime
         self.graph_backend = graph_backend
-        self.preset, self.dtype = preset, dtype
+        # A runtime that computes in a dtype whatever it is asked (Capabilities.precision) is built in it.
+        self.preset, self.dtype = preset, dtype or engine_dtype(runtime.capabilities.precision)
         self.vocab, self.num_layers = presets.preset(preset).vocab, presets.preset(preset).layers
         self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len, self.kv_tokens = max_model_len, kv_tokens

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from harness.reliability.safe import describe_exception, safe_repr
-from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES
+from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES
 
 ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 
@@ -30,6 +30,16 @@ def _never_raises(validator):
             return (f"returned {safe_repr(value)}, which the harness could not even inspect "
                     f"({describe_exception(exc, 300)})")
     return guarded
+
+
+def declarations(capabilities) -> str | None:
+    """The declarations in Capabilities that are values, not switches: each one the harness knows."""
+    precision = capabilities.precision
+    if precision not in PRECISIONS:
+        return (f"Capabilities.precision={safe_repr(precision)} is not one the harness knows; declare one of "
+                f"{', '.join(map(repr, PRECISIONS))}: how the engine's float32 matrix products are done (ieee, tf32) "
+                "or the dtype it computes in (docs/spec.md section 10)")
+    return None
 
 
 @_never_raises
