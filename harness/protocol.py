@@ -40,6 +40,9 @@ class Capabilities:
     batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
     precision: str = "ieee"  # how its arithmetic is done, one of PRECISIONS (vocabulary.py)
+    # Device bytes a closed engine may leave allocated: what the engine's library keeps per build
+    # that Engine.close() cannot release. The harness measures every build; more is a leak (docs/reliability.md).
+    memory_kept_per_build: int = 0
     notes: str = ""  # shown in the report header: what is emulated, what stands in
 
     def has(self, name: str) -> bool:
@@ -49,7 +52,7 @@ class Capabilities:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in ("notes", "precision")]  # the switches
+        return [f.name for f in fields(cls) if f.name not in ("notes", "precision", "memory_kept_per_build")]  # the switches
 
     def summary(self) -> str:
         on = [name for name in self.names() if getattr(self, name) is True]
@@ -213,3 +216,6 @@ class Engine(Protocol):
     def slot_of(self, request_id: int, position: int) -> int: ...  # kv_inspection
     def last_step_inputs(self) -> StepInputs: ...  # input_inspection
     def swap_static_buffer(self, name: str) -> None: ...  # address_checks: a new tensor, same values
+    # Optional: release what the engine holds (its device memory and what its library keeps for it
+    # process-wide). The harness calls it once, when it drops the engine; nothing is called after it.
+    def close(self) -> None: ...
