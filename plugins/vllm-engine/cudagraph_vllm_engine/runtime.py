@@ -13,6 +13,7 @@ cheap where vLLM is absent (CI).
 from __future__ import annotations
 
 import warnings
+import weakref
 from pathlib import Path
 
 from harness import protocol as p
@@ -54,6 +55,7 @@ class VllmEngineRuntime:
             notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND),
         )
         self.engines_built = 0
+        self.live = weakref.WeakSet()  # engines built and not yet closed: the last close releases the process's share
 
     # -- policy: vLLM's own answers ---------------------------------------------------------
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
@@ -78,9 +80,10 @@ class VllmEngineRuntime:
         policy = config.policy
         label = (f"engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
                  f"tokens={policy.max_num_batched_tokens}")
-        engine = VllmEngine(config, label)
+        engine = VllmEngine(config, label, self.live)
         sizes = engine.sizes_with_graphs() if engine.resolved != "NONE" else []
         if (engine.resolved, sizes) != (expected.mode, list(expected.sizes)):
+            engine.close()
             raise RuntimeError(f"{label}: vLLM's engine resolved {engine.resolved} with graphs at {sizes}, but this "
                                f"runtime's policy answer for the same config is {expected.mode} at {list(expected.sizes)}: "
                                "the policy questions would be answered for another engine")
