@@ -25,6 +25,7 @@ class Capabilities:
     mode_resolution: bool = False  # resolve_mode()
     data_parallel: bool = False  # dp_dispatch()
     vllm_policy: bool = False  # sizes, keys and resolution follow vLLM's (docs/spec.md 3-5)
+    vllm_version: str = "0.33"  # under vllm_policy: the release whose rules they follow (vocabulary.VLLM_RELEASES)
     lora: bool = False  # dispatch() takes num_active_loras
     speculative: bool = False  # policies take num_speculative_tokens > 0
     # execution
@@ -52,7 +53,7 @@ class Capabilities:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in ("notes", "precision", "memory_kept_per_build")]  # the switches
+        return [f.name for f in fields(cls) if f.name not in VALUES]  # the switches
 
     def summary(self) -> str:
         on = [name for name in self.names() if getattr(self, name) is True]
@@ -62,6 +63,9 @@ class Capabilities:
         if self.execution:
             text += f"; precision: {self.precision}"
         return text
+
+
+VALUES = ("notes", "precision", "memory_kept_per_build", "vllm_version")  # declarations that are not switches
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class PolicyConfig:
     specialize_lora: bool = True  # separate graphs with and without LoRA
     specialize_active_loras: bool = False  # separate graphs per captured adapter count
     runner: str = "v2"  # vLLM's model runner whose rules apply: "v1" or "v2" (vLLM 0.33 runs V2; docs/runners.md)
+    vllm_version: str = "0.33"  # and the release whose runner: the harness asks in the runtime's declared one
 
     @property
     def query_len(self) -> int:

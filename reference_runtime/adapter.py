@@ -14,7 +14,10 @@ from . import __version__, policy
 
 
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
-    return policy.PolicyConfig(**asdict(config))
+    """The reference policy's config; the release is vLLM 0.33, the one it declares (Capabilities.vllm_version)."""
+    fields = asdict(config)
+    fields.pop("vllm_version")
+    return policy.PolicyConfig(**fields)
 
 
 @lru_cache(maxsize=256)

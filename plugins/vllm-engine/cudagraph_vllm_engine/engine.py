@@ -22,7 +22,7 @@ import time
 from harness import protocol as p
 
 from . import release, settings
-from .policy import sizes_with_graphs
+from .policy import graph_descriptors, sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
 
@@ -147,6 +147,15 @@ class VllmEngine:
 
     def sizes_with_graphs(self) -> list[int]:
         return list(sizes_with_graphs(self.manager))
+
+    def capture_sizes(self) -> list[int]:
+        """vLLM's cudagraph_capture_sizes for this engine ([] when it resolved NONE)."""
+        if self.resolved == "NONE":
+            return []
+        return sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or ())
+
+    def graph_descriptors(self) -> dict[str, tuple]:
+        return graph_descriptors(self.manager)
 
     # -- steps --------------------------------------------------------------------------------
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
