@@ -118,7 +118,7 @@ def _run_header(run: dict, label: str) -> list[str]:
         f"- torch: {run.get('torch')}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}",
         f"- capabilities: {', '.join(capabilities) or 'none'}",
         *([f"- precision: {(run.get('capabilities') or {})['precision']} (declared; the numerical anchor's tolerance "
-             "follows it, docs/spec.md section 10)"] if (run.get("capabilities") or {}).get("precision") else []),
+             "follows it, docs/spec.md section 10)"] if (run.get("capabilities") or {}).get("execution") else []),
         f"- {'complete' if run.get('complete') else 'INCOMPLETE (the run stopped early)'}; {duration}; "
         + (", ".join(f"{n} {k}" for k, n in sorted((run.get("summary") or {}).items())) or "no tests"),
         *([f"- command: `pytest {' '.join(run['args'])}`"] if run.get("args") else []), "",
