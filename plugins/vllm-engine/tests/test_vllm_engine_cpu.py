@@ -330,3 +330,26 @@ def test_only_the_last_engine_to_close_releases_the_process(monkeypatch):
     engines[1].close()
     assert calls == [("engine", "executor-a", True), ("engine", "executor-b", False), ("process",)]
     assert engines[1].runner is None and not live
+
+
+# -- declarations ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("value,declared", [(None, "tf32"), ("ieee", "ieee"), ("IEEE", "ieee"), ("tf32", "tf32")])
+def test_the_declared_precision_is_how_triton_will_compile_float32_dots(monkeypatch, value, declared):
+    from cudagraph_vllm_engine.runtime import PRECISION_WHY, precision
+
+    if value is None:
+        monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_F32_DEFAULT", value)
+    assert precision() == declared and declared in PRECISION_WHY
+
+
+@pytest.mark.parametrize("version,ok", [("0.25.0", True), ("0.25.1", True), ("0.33.0", False), ("0.2", False)])
+def test_the_runtime_declares_vllm_025_only_where_vllm_025_answers(version, ok):
+    from cudagraph_vllm_engine.policy import check_version
+
+    if ok:
+        check_version(version)
+    else:
+        with pytest.raises(RuntimeError, match=f"declares vLLM 0.25's graph policy.*vLLM {version} is installed"):
+            check_version(version)
