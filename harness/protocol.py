@@ -30,6 +30,7 @@ class Capabilities:
     speculative: bool = False  # policies take num_speculative_tokens > 0
     # execution
     execution: bool = False  # build() gives an Engine
+    speculative_steps: bool = False  # with speculative: build() takes num_speculative_tokens > 0, steps of q tokens
     graph_backends: tuple[str, ...] = ()  # "emulated" (harness.graphs) and/or "cuda"
     attention_backends: tuple[tuple[str, str], ...] = ()  # (name, support level) pairs build() accepts
     padding_fills: tuple[str, ...] = ()  # what step(padding_fill=...) can put in padded rows

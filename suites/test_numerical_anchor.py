@@ -67,7 +67,7 @@ def test_every_step_matches_transformers(check, engines, record, anchor, mode):
     _compare(check, engines, record, anchor, generation(engine, anchor, engines.new_id() * 100), mode)
 
 
-@pytest.mark.requires("speculative")
+@pytest.mark.requires("speculative_steps")
 def test_verify_steps_match_transformers(check, engines, record, anchor):
     engine = engines.for_mode("FULL_AND_PIECEWISE", spec=1)
     _compare(check, engines, record, anchor, generation(engine, anchor, engines.new_id() * 100, q=2),

@@ -39,6 +39,9 @@ def declarations(capabilities) -> str | None:
         return (f"Capabilities.precision={safe_repr(precision)} is not one the harness knows; declare one of "
                 f"{', '.join(map(repr, PRECISIONS))}: how the engine's float32 matrix products are done (ieee, tf32) "
                 "or the dtype it computes in (docs/spec.md section 10)")
+    if capabilities.speculative_steps and not (capabilities.speculative and capabilities.execution):
+        return ("Capabilities.speculative_steps (engines that run verify steps of q tokens a request) needs "
+                "speculative (policies that take num_speculative_tokens > 0) and execution as well")
     kept = capabilities.memory_kept_per_build
     if not _is_int(kept) or kept < 0:
         return (f"Capabilities.memory_kept_per_build={safe_repr(kept)}; declare the device bytes a closed engine "

@@ -111,7 +111,7 @@ class VllmEngineRuntime(_Policy):
         arithmetic = precision()
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
-            lora=True, execution=True, graph_backends=("cuda",),
+            lora=True, speculative=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic,
