@@ -6,7 +6,9 @@ the mode and padded size vLLM ran, the graph launches the harness counted, what 
 policy says the step should have run, the largest difference from transformers' forward over the
 same checkpoint (beside the tolerance the runtime's declared precision earns), and from an eager
 step of the same engine at the same shape. After each close it measures the CUDA memory the build
-left allocated (`SMOKE memory`): what close() could not give back, build after build.
+left allocated (`SMOKE memory`): what close() could not give back, build after build (a capture on
+a stream of torch's pool that no matmul ran on before leaves that stream's cuBLAS workspace, 32 MiB
+on an H200, which the harness allows any test once).
 
     python -m cudagraph_vllm_engine.smoke [--modes NONE,PIECEWISE,FULL,FULL_DECODE_ONLY,FULL_AND_PIECEWISE]
 

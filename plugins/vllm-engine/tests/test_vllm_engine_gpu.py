@@ -96,8 +96,12 @@ def test_kv_slots_are_the_ones_vllm_wrote(engine):
 
 def test_a_closed_engine_gives_back_its_memory_beside_a_live_one(runtime, engine):
     """close() of an engine built beside a live one (the suites' fresh engines beside their shared ones)
-    leaves no more allocated than the runtime declares per build (release.py)."""
+    leaves no more allocated than the runtime declares per build (release.py), beside what the harness
+    allows any test: allocator rounding and one cuBLAS workspace (vLLM captures on a stream from torch's
+    pool, and cuBLAS keeps a workspace for each stream a matmul ran on)."""
     import gc
+
+    from harness.reliability.isolation import CUBLAS_WORKSPACE, MEMORY_TOLERANCE
 
     for _ in range(2):
         gc.collect()
@@ -110,6 +114,7 @@ def test_a_closed_engine_gives_back_its_memory_beside_a_live_one(runtime, engine
         gc.collect()
         torch.cuda.empty_cache()
         kept = torch.cuda.memory_allocated() - before
-        assert kept <= runtime.capabilities.memory_kept_per_build + (8 << 20), f"{kept / 2**20:.1f} MiB kept"
+        allowed = runtime.capabilities.memory_kept_per_build + MEMORY_TOLERANCE + CUBLAS_WORKSPACE
+        assert kept <= allowed, f"{kept / 2**20:.1f} MiB kept"
     engine.step(decode_requests(prefill(engine, [21], [3])))  # the live engine still runs
     engine.release(21)
