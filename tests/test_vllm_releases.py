@@ -50,6 +50,7 @@ def test_the_data_parallel_agreement_of_vllm_025_is_not_modelled():
 @pytest.mark.parametrize("capabilities,message", [
     (Capabilities(vllm_policy=True, vllm_version="0.30"), "vllm_version='0.30' is not a vLLM release"),
     (Capabilities(vllm_policy=True, data_parallel=True, vllm_version="0.25"), "data-parallel agreement of vLLM 0.33"),
+    (Capabilities(speculative_steps=True, execution=True), "speculative_steps .* needs speculative"),
 ])
 def test_a_release_the_harness_does_not_model_is_refused_at_load(capabilities, message):
     class Runtime:

@@ -353,3 +353,44 @@ def test_the_runtime_declares_vllm_025_only_where_vllm_025_answers(version, ok):
     else:
         with pytest.raises(RuntimeError, match=f"declares vLLM 0.25's graph policy.*vLLM {version} is installed"):
             check_version(version)
+
+
+# -- every build is checked against the policy's answer -------------------------------------------
+def test_an_engine_that_is_not_what_the_policy_answers_is_closed_and_refused(monkeypatch):
+    """The policy questions are answered for the engine vLLM builds: where the built engine's resolved
+    mode, capture sizes or graph descriptors differ from the policy's answer for its config, build()
+    closes it and says what each was."""
+    import weakref
+
+    from harness.protocol import EngineConfig, PolicyConfig
+    from cudagraph_vllm_engine import engine as engine_module
+    from cudagraph_vllm_engine import runtime as runtime_module
+    from cudagraph_vllm_engine.policy import Answer
+
+    closed = []
+
+    class Built:
+        resolved, build_warnings = "FULL_AND_PIECEWISE", ()
+
+        def __init__(self, config, label, live):
+            self.label = label
+
+        def capture_sizes(self):
+            return [1, 2, 4, 8, 16]
+
+        def graph_descriptors(self):
+            return {"PIECEWISE": ("desc(16)", "desc(8)")}
+
+        def close(self):
+            closed.append(self.label)
+
+    answered = Answer((1, 2, 4, 8), "FULL_AND_PIECEWISE", (), SimpleNamespace(_capture_descs={}))
+    monkeypatch.setattr(engine_module, "VllmEngine", Built)
+    runtime = runtime_module.VllmEngineRuntime.__new__(runtime_module.VllmEngineRuntime)
+    runtime.policy = SimpleNamespace(answer=lambda policy: answered)
+    runtime.engines_built, runtime.live = 0, weakref.WeakSet()
+    config = EngineConfig(preset="small", device="cuda", graph_backend="cuda", checkpoint="/checkpoint",
+                          policy=PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    with pytest.raises(RuntimeError, match=r"capture sizes \[1, 2, 4, 8, 16\].*answers FULL_AND_PIECEWISE, \[1, 2, 4, 8\]"):
+        runtime.build(config)
+    assert closed == ["engine #1 FULL_AND_PIECEWISE float32 seqs=8 tokens=64"]
