@@ -221,7 +221,6 @@ class EngineFactory:
         self._engines: dict = {}
         self._fresh: list[ObservedEngine] = []  # built for the running test alone: closed after it
         self._allocated_before_fresh: int | None = None  # device memory before the test's first fresh build
-        self.kept_per_build: list[int] = []  # bytes each closed fresh engine left allocated (measured)
         self._ids = itertools.count(10_000)
         self._check: Check | None = None
 
@@ -347,8 +346,7 @@ class EngineFactory:
             torch.cuda.empty_cache()
         except RuntimeError:  # a broken CUDA context (AcceleratorError): the test that broke it was told
             return
-        kept = max(_allocated() - before, 0)
-        self.kept_per_build.append(kept // builds)
+        kept = max(_allocated() - before, 0)  # measured: what the closed engines still hold
         isolation.runtime_kept(min(kept, builds * self.runtime.capabilities.memory_kept_per_build))
 
     def close(self) -> None:
