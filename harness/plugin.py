@@ -13,14 +13,14 @@ import shlex
 import pytest
 
 from harness import checks
-from harness.protocol import Capabilities
+from harness.protocol import Capabilities, PolicyConfig
 from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
 from harness.session import header, known_failures, machine, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
-from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS
+from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
 CONFORMANCE = pytest.StashKey["Conformance"]()
 register_profiles()
@@ -106,6 +106,7 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
     header.keep_benchmarks_quiet(config)
+    config.addinivalue_line("markers", "vllm_runner(name): a vLLM case that holds an engine to that model runner")
     option = config.getoption("runtime")
     try:
         runtime = registry.resolve(option, config.pluginmanager)
@@ -197,6 +198,8 @@ def pytest_collection_modifyitems(config, items):
         # more than a parameter's own skip (a padding fill it cannot make, say).
         if missing:
             item.add_marker(pytest.mark.skip(reason=skip_reason(c.runtime.name, missing)), append=False)
+        elif (reason := vllm_rules_skip(item, c.runtime)) is not None:
+            item.add_marker(pytest.mark.skip(reason=reason), append=False)
         elif c.no_backend and {"engines", "graph_backend"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.skip(reason=c.no_backend), append=False)
 
@@ -216,6 +219,23 @@ def skip_reason(name: str, missing: list[str]) -> str:
     parts = ([f"does not declare capability {', '.join(absent)}"] if absent else []) + \
             ([f"declares {', '.join(present)}"] if present else [])
     return f"runtime {name!r} " + " and ".join(parts)
+
+
+def vllm_rules_skip(item, runtime) -> str | None:
+    """Why a vLLM case does not apply to the runtime's declared rules: it holds an engine to a model
+    runner (a PolicyConfig parameter's runner, or @pytest.mark.vllm_runner) the harness does not model
+    for the runtime's release (Capabilities.vllm_version; harness.vocabulary.VLLM_RELEASES). None: it applies."""
+    caps = runtime.capabilities
+    if not caps.vllm_policy or caps.vllm_version not in VLLM_RELEASES:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    runners = {value.runner for value in params.values() if isinstance(value, PolicyConfig)}
+    runners |= {marker.args[0] for marker in item.iter_markers("vllm_runner")}
+    modelled = VLLM_RELEASES[caps.vllm_version].runners
+    if runners <= set(modelled):
+        return None
+    return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_version}'s policy, modelled here for runner(s) "
+            f"{', '.join(modelled)}; this case holds an engine to runner {', '.join(sorted(runners - set(modelled)))}")
 
 
 def missing_capabilities(item, capabilities: Capabilities) -> list[str]:

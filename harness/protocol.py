@@ -25,10 +25,12 @@ class Capabilities:
     mode_resolution: bool = False  # resolve_mode()
     data_parallel: bool = False  # dp_dispatch()
     vllm_policy: bool = False  # sizes, keys and resolution follow vLLM's (docs/spec.md 3-5)
+    vllm_version: str = "0.33"  # under vllm_policy: the release whose rules they follow (vocabulary.VLLM_RELEASES)
     lora: bool = False  # dispatch() takes num_active_loras
     speculative: bool = False  # policies take num_speculative_tokens > 0
     # execution
     execution: bool = False  # build() gives an Engine
+    speculative_steps: bool = False  # with speculative: build() takes num_speculative_tokens > 0, steps of q tokens
     graph_backends: tuple[str, ...] = ()  # "emulated" (harness.graphs) and/or "cuda"
     attention_backends: tuple[tuple[str, str], ...] = ()  # (name, support level) pairs build() accepts
     padding_fills: tuple[str, ...] = ()  # what step(padding_fill=...) can put in padded rows
@@ -41,6 +43,9 @@ class Capabilities:
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
     random_padding_ids: bool = False  # padded rows get token ids drawn anew every step (LMDeploy's, for MoE routing)
     precision: str = "ieee"  # how its arithmetic is done, one of PRECISIONS (vocabulary.py)
+    # Device bytes a closed engine may leave allocated: what the engine's library keeps per build
+    # that Engine.close() cannot release. The harness measures every build; more is a leak (docs/reliability.md).
+    memory_kept_per_build: int = 0
     notes: str = ""  # shown in the report header: what is emulated, what stands in
 
     def has(self, name: str) -> bool:
@@ -50,14 +55,19 @@ class Capabilities:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in ("notes", "precision")]  # the switches
+        return [f.name for f in fields(cls) if f.name not in VALUES]  # the switches
 
     def summary(self) -> str:
         on = [name for name in self.names() if getattr(self, name) is True]
         text = ", ".join(on) or "none"
         if self.graph_backends:
             text += f"; graph backends: {', '.join(self.graph_backends)}"
+        if self.execution:
+            text += f"; precision: {self.precision}"
         return text
+
+
+VALUES = ("notes", "precision", "memory_kept_per_build", "vllm_version")  # declarations that are not switches
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class PolicyConfig:
     specialize_lora: bool = True  # separate graphs with and without LoRA
     specialize_active_loras: bool = False  # separate graphs per captured adapter count
     runner: str = "v2"  # vLLM's model runner whose rules apply: "v1" or "v2" (vLLM 0.33 runs V2; docs/runners.md)
+    vllm_version: str = "0.33"  # and the release whose runner: the harness asks in the runtime's declared one
 
     @property
     def query_len(self) -> int:
@@ -212,3 +223,6 @@ class Engine(Protocol):
     def slot_of(self, request_id: int, position: int) -> int: ...  # kv_inspection
     def last_step_inputs(self) -> StepInputs: ...  # input_inspection
     def swap_static_buffer(self, name: str) -> None: ...  # address_checks: a new tensor, same values
+    # Optional: release what the engine holds (its device memory and what its library keeps for it
+    # process-wide). The harness calls it once, when it drops the engine; nothing is called after it.
+    def close(self) -> None: ...

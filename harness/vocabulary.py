@@ -19,6 +19,25 @@ PADDING_FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...)
 # tolerance each one earns against the float32 anchor.
 PRECISIONS = ("ieee", "tf32", "bfloat16", "float16")
 
+
+# vLLM releases whose graph policy the harness models (Capabilities.vllm_version): for each, the
+# model runners whose rules it knows and whether it knows its data-parallel agreement. 0.33 is the
+# spec (docs/spec.md sections 3-5, docs/runners.md); 0.25 is its V2 runner where it differs
+# (docs/spec.md section 11, from each release's own code: reports/policy-compare/vllm-0.25-vs-0.33.md).
+@dataclass(frozen=True)
+class VllmRelease:
+    runners: tuple[str, ...]
+    data_parallel: bool
+
+
+SPEC_RELEASE = "0.33"
+VLLM_RELEASES = {"0.33": VllmRelease(("v1", "v2"), data_parallel=True), "0.25": VllmRelease(("v2",), data_parallel=False)}
+
+
+def engine_dtype(precision: str) -> str:
+    """The dtype the harness builds an engine in: the precision where it names one, else float32."""
+    return precision if precision in ("bfloat16", "float16") else "float32"
+
 # -- modes (spec section 2) -------------------------------------------------------------------
 # What one step runs, lowest first: data-parallel ranks agree on the lowest.
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")

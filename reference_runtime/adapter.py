@@ -15,7 +15,10 @@ from .engine.inspection import FILLS
 
 
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
-    return policy.PolicyConfig(**asdict(config))
+    """The reference policy's config; the release is vLLM 0.33, the one it declares (Capabilities.vllm_version)."""
+    fields = asdict(config)
+    fields.pop("vllm_version")
+    return policy.PolicyConfig(**fields)
 
 
 @lru_cache(maxsize=256)
@@ -34,11 +37,11 @@ class ReferenceRuntime:
     version = __version__
     capabilities = p.Capabilities(
         capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True, lora=True,
-        speculative=True, execution=True, graph_backends=("emulated", "cuda"),
+        speculative=True, execution=True, speculative_steps=True, graph_backends=("emulated", "cuda"),
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
         padding_fills=FILLS, loads_checkpoint=True, kv_inspection=True,
-        input_inspection=True, address_checks=True, data_parallel_execution=True,
+        input_inspection=True, address_checks=True, data_parallel_execution=True, precision="ieee",
         notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 

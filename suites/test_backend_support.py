@@ -41,7 +41,7 @@ def test_declared_level_holds_in_full_graphs(check, engines, attention_backend):
     if level not in ADMITS:
         check.skip(f"backend {name!r} declares {level}: it admits no FULL graph")
     mode, spec, kinds = ADMITS[level]
-    if spec and not engines.runtime.capabilities.speculative:
+    if spec and not engines.runtime.capabilities.speculative_steps:
         mode, spec, kinds = "FULL_AND_PIECEWISE", 0, ("uniform",)
     engine = engines.for_mode(mode, attention=(name,), spec=spec)
     seqs = prefill(engine, [engines.new_id() for _ in range(6)], [3, 5, 2, 9, 4, 7])
@@ -61,8 +61,8 @@ def test_declared_level_holds_in_full_graphs(check, engines, attention_backend):
 def test_resolution_at_build_follows_the_policy(check, engines, spec):
     """One backend, and every pair of backends (a hybrid model takes the weakest)."""
     runtime = engines.runtime
-    if spec and not runtime.capabilities.speculative:
-        check.skip("it does not declare speculative")
+    if spec and not runtime.capabilities.speculative_steps:
+        check.skip("it does not declare speculative_steps")
     backends = list(runtime.capabilities.attention_backends)
     models = [(b,) for b in backends] + list(itertools.combinations(backends, 2))
     for model, requested in itertools.product(models, CONFIG_MODES):

@@ -35,8 +35,8 @@ def captured(check, engines, mode, spec):
 @pytest.mark.parametrize("spec", [0, 1], ids=["q1", "q2"])
 @pytest.mark.parametrize("mode", MODES)
 def test_graphs_match_the_policy_keys(check, engines, record, mode, spec):
-    if spec and not engines.runtime.capabilities.speculative:
-        check.skip("it does not declare speculative")
+    if spec and not engines.runtime.capabilities.speculative_steps:
+        check.skip("it does not declare speculative_steps")
     engine, report, case = captured(check, engines, mode, spec)
     record(Capture(mode=f"{mode} q={1 + spec}", preset=engines.preset, graphs=dict(report.graphs),
                    seconds=report.seconds, memory_bytes=report.memory_bytes, graph_backend=engines.graph_backend,

@@ -3,7 +3,9 @@
 - vLLM conformance (`vllm_policy`): the spec's counts and examples, written here literally, and
   every drawn config against the harness's independent oracle. Where vLLM's V1 and V2 model
   runners differ (q > 1 with FULL decode graphs) each case names the runner it holds an engine
-  to; the others hold for both.
+  to; the others hold for both. A runtime declaring vLLM 0.25's rules (Capabilities.vllm_version)
+  is asked in its release and held to the spec's 0.25 values where they differ (docs/spec.md
+  section 11, `*_0_25` below).
 - Any runtime with a bucket policy (`capture_sizes`): sizes are sorted, unique, positive and fit
   the token budget; mode NONE has none; an ordinary config is answered, not rejected.
 """
@@ -11,6 +13,7 @@ import pytest
 from hypothesis import assume, given
 
 from harness.expectations import oracle
+from harness.expectations.expected import by_release, vllm_rules
 from harness.protocol import PolicyConfig
 from harness.scenarios.strategies import plain_configs, policy_configs
 from harness.vocabulary import ORACLE, OWN_POLICY, SPEC
@@ -42,38 +45,55 @@ SPEC_COUNTS = [
 ]
 
 
+# vLLM 0.25 (docs/spec.md section 11): no decode sizes appended, and a cap of 512 on any device.
+SPEC_COUNTS_0_25 = {"seqs264-offgrid": (51, 512), "seqs100-offgrid": (28, 200), "cap1024": (51, 512),
+                    "D1024-seqs264": (51, 512), "D1024-seqs300": (51, 512), "v2-q3-full": (51, 512)}
+
+
 @pytest.mark.requires("capture_sizes", "vllm_policy")
-@pytest.mark.parametrize("config,count,largest", [c[1:] for c in SPEC_COUNTS], ids=[c[0] for c in SPEC_COUNTS])
-def test_spec_counts(check, runtime, config, count, largest):
+@pytest.mark.parametrize("case,config,count,largest", SPEC_COUNTS, ids=[c[0] for c in SPEC_COUNTS])
+def test_spec_counts(check, runtime, case, config, count, largest):
+    config = vllm_rules(runtime, config)
+    count, largest = by_release(runtime, (count, largest), {"0.25": SPEC_COUNTS_0_25.get(case)})
     sizes = runtime.capture_sizes(config)
     check.equal(len(sizes), count, what="number of capture sizes", source=SPEC, case=config)
     check.equal(sizes[-1], largest, what="max capture size", source=SPEC, case=config)
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
-@pytest.mark.parametrize("config,expected", [
-    (PolicyConfig(max_num_seqs=8), [1, 2, 4, 8, 16]),
-    (PolicyConfig(max_num_seqs=3), [1, 2, 3, 4]),  # cap 6: grid [1, 2, 4], then 3 off-grid
-    (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=100),
+# (id, config, expected sizes) from spec section 3.
+SPEC_EXAMPLES = [
+    ("seqs8", PolicyConfig(max_num_seqs=8), [1, 2, 4, 8, 16]),
+    ("seqs3", PolicyConfig(max_num_seqs=3), [1, 2, 3, 4]),  # cap 6: grid [1, 2, 4], then 3 off-grid
+    ("tokens100", PolicyConfig(max_num_seqs=64, max_num_batched_tokens=100),
      [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v1"), [2, 4]),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v2"), [1, 2, 3, 5]),
-    (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
+    ("user-dedup-filter", PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
+    ("user-q2-rounded-v1",
+     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v1"), [2, 4]),
+    ("user-q2-unrounded-v2",
+     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v2"), [1, 2, 3, 5]),
+    ("user-q2-piecewise-unrounded",
+     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
     # V2 accepts sizes that hold no whole request of q: they serve mixed batches, decode runs without them.
-    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v2"), [1, 2]),
+    ("no-size-holds-q-v2", PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v2"),
+     [1, 2]),
     # Every given size above max_num_batched_tokens: nothing is captured, every batch runs eager.
-    (PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
-], ids=["seqs8", "seqs3", "tokens100", "user-dedup-filter", "user-q2-rounded-v1", "user-q2-unrounded-v2",
-        "user-q2-piecewise-unrounded", "no-size-holds-q-v2", "no-user-size-fits"])
-def test_spec_examples(check, runtime, config, expected):
+    ("no-user-size-fits", PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
+]
+SPEC_EXAMPLES_0_25 = {"seqs3": [1, 2, 4]}  # cap 6, and no off-grid append
+
+
+@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.parametrize("case,config,expected", SPEC_EXAMPLES, ids=[c[0] for c in SPEC_EXAMPLES])
+def test_spec_examples(check, runtime, case, config, expected):
+    config = vllm_rules(runtime, config)
+    expected = by_release(runtime, expected, {"0.25": SPEC_EXAMPLES_0_25.get(case)})
     check.equal(runtime.capture_sizes(config), expected, what="capture sizes", source=SPEC, case=config)
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy")
 @pytest.mark.parametrize("user_max,largest", [(257, 256), (256, 256), (250, 248), (3, 2), (1, 1)])
 def test_user_max_is_truncated_to_the_grid(check, runtime, user_max, largest):
-    config = PolicyConfig(max_num_seqs=256, max_capture_size=user_max)
+    config = vllm_rules(runtime, PolicyConfig(max_num_seqs=256, max_capture_size=user_max))
     check.equal(runtime.capture_sizes(config)[-1], largest, what="truncated max capture size", source=SPEC, case=config)
 
 
@@ -85,6 +105,7 @@ def test_user_max_is_truncated_to_the_grid(check, runtime, user_max, largest):
     (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v1"), ()),
 ], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q-v1"])
 def test_bad_configs_are_rejected(check, runtime, config, mentions):
+    config = vllm_rules(runtime, config)
     check.rejects(lambda: runtime.capture_sizes(config), what="an impossible config must be rejected",
                   source=SPEC, case=config, mentions=mentions)
 
@@ -100,6 +121,7 @@ def _answer(call):
 @given(config=policy_configs())
 def test_sizes_match_the_oracle(check, runtime, config):
     """Where the oracle rejects a config the runtime must too, and elsewhere give the same sizes."""
+    config = vllm_rules(runtime, config)
     expected = _answer(lambda: oracle.capture_sizes(config))
     actual = _answer(lambda: runtime.capture_sizes(config))
     if isinstance(expected, str):
@@ -125,6 +147,7 @@ def test_sizes_are_sorted_unique_positive_and_fit_the_token_budget(check, runtim
 
 
 @pytest.mark.requires("capture_sizes", "vllm_policy", "speculative")
+@pytest.mark.vllm_runner("v1")
 @given(config=policy_configs(modes=("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), runners=("v1",)))
 def test_v1_full_decode_sizes_hold_whole_requests(check, runtime, config):
     assume(not isinstance(_answer(lambda: oracle.capture_sizes(config)), str))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.expectations.expected import vllm_rules
 from harness.protocol import PolicyConfig
 from harness.reports.records import Grid
 from harness.scenarios.strategies import plain_configs
@@ -99,7 +100,7 @@ def test_padding_is_monotone_and_lands_on_a_size(check, runtime, config, data):
     (256, 500, 51, 512, 12, 2.34),
 ], ids=["b=5-pad=8", "b=500-pad=512"])
 def test_spec_waste_examples(check, runtime, record, seqs, batch, count, padded_to, waste, pct):
-    config = PolicyConfig(max_num_seqs=seqs)
+    config = vllm_rules(runtime, PolicyConfig(max_num_seqs=seqs))
     sizes = runtime.capture_sizes(config)
     record(Grid(config=f"max_num_seqs={seqs}", sizes=sizes))
     check.equal(len(sizes), count, what="number of sizes", source=SPEC, case=config)

@@ -73,7 +73,7 @@ def test_graph_equals_eager_at_every_bucket_boundary(check, engines, mode):
                ran=sorted(ran))
 
 
-@pytest.mark.requires("speculative")
+@pytest.mark.requires("speculative_steps")
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
 def test_graph_equals_eager_for_verify_batches_of_q_tokens(check, engines, mode):
     q = 2
@@ -139,7 +139,7 @@ def test_decode_rows_follow_their_requests(check, engines, mode):
     _rows_follow_their_requests(check, engines.for_mode(mode, fresh=True), engines.for_mode(mode), q=1)
 
 
-@pytest.mark.requires("speculative")
+@pytest.mark.requires("speculative_steps")
 def test_verify_rows_follow_their_requests(check, engines):
     """The same with verify steps of q = 2 tokens a request (a row's positions and slots span two)."""
     mode = "FULL_AND_PIECEWISE"

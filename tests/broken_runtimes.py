@@ -262,10 +262,18 @@ class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
         return super().dp_dispatch(replace(config, runner="v1"), ranks)
 
 
+class DeclaresVllm025AnswersVllm033(ReferenceRuntime):
+    """Declares vLLM 0.25's policy (Capabilities.vllm_version) and answers with 0.33's rules: the
+    off-grid max_num_seqs appended, V2's dispatch searching FULL keys before PIECEWISE ones."""
+
+    name = "declares-vllm-0.25-answers-0.33"
+    capabilities = replace(ReferenceRuntime.capabilities, vllm_version="0.25", data_parallel=False)
+
+
 MUTANTS = [
     PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
     V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
-    VagueRejection,
+    VagueRejection, DeclaresVllm025AnswersVllm033,
 ]

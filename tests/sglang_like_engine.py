@@ -50,7 +50,7 @@ class SGLangLikeRuntime:
     name = "sglang-like"
     version = "0.1"
     capabilities = Capabilities(
-        capture_sizes=True, dispatch=True, mode_resolution=True, speculative=True,
+        capture_sizes=True, dispatch=True, mode_resolution=True, speculative=True, speculative_steps=True,
         execution=True, graph_backends=("emulated", "cuda"), attention_backends=ATTENTION_BACKENDS,
         padding_fills=("zeros", "random", "nan", "inf"), loads_checkpoint=True, kv_inspection=True,
         input_inspection=True, address_checks=True,

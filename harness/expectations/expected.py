@@ -7,17 +7,35 @@ engine's own report used, and then the source says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.expectations import oracle
 from harness.protocol import Descriptor, PolicyConfig, ResolveRequest
-from harness.vocabulary import ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SUPPORT_LEVELS, expected_resolution, weakest
+from harness.vocabulary import (ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SPEC_RELEASE, SUPPORT_LEVELS, VLLM_RELEASES,
+                                expected_resolution, weakest)
 
 
 @dataclass(frozen=True)
 class Expected:
     value: object
     source: str
+
+
+def vllm_rules(runtime, config: PolicyConfig) -> PolicyConfig:
+    """A vLLM case as the runtime's declared rules answer it: in its release (Capabilities.vllm_version),
+    and, where the case names a runner that release is not modelled for here, in its first runner.
+    (A written-out case naming such a runner is skipped at collection: plugin.vllm_rules_skip.)"""
+    release = runtime.capabilities.vllm_version
+    runners = VLLM_RELEASES[release].runners
+    return replace(config, vllm_version=release, runner=config.runner if config.runner in runners else runners[0])
+
+
+def by_release(runtime, spec_value, per_release: dict | None = None):
+    """A spec value written for vLLM 0.33, or the one the spec gives the runtime's declared release
+    where that release differs (docs/spec.md section 11)."""
+    release = runtime.capabilities.vllm_version
+    value = None if release == SPEC_RELEASE else (per_release or {}).get(release)
+    return spec_value if value is None else value
 
 
 def support_of(runtime, attention: tuple[str, ...]) -> str | None:

@@ -5,7 +5,9 @@ They are deliberately shaped differently from the reference runtime: sizes are a
 predicate over 1..cap instead of a generated list, keys are enumerated sets, a V2 dispatch is a
 search of those sets, and resolution is the spec table as data (in harness.vocabulary). When a
 runtime and an oracle disagree, one of them is wrong; the policy suites say which number the
-spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules.
+spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules, and
+`PolicyConfig.vllm_version` the release: 0.33 is the spec; 0.25's V2 runner differs in three rules
+(docs/spec.md section 11), each marked `OLD` below.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from harness.protocol import Descriptor, Dispatch, PolicyConfig
 from harness.vocabulary import ROUTINES, RUNTIME_MODES, lowest, padded
 
 DEFAULT_BATCHED_TOKENS = 8192
+OLD = "0.25"  # vLLM 0.25: no appended decode sizes, a fixed 512 cap, one candidate table across modes
+OLD_PLATFORM_MAX = 512  # vLLM 0.25's cap whatever the device (config/vllm.py _set_cudagraph_sizes)
 
 
 def on_grid(size: int) -> bool:
@@ -55,14 +59,15 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
         if config.max_capture_size is not None and config.max_capture_size != max(chosen):
             raise ValueError("user max inconsistent with user sizes")
     else:
+        old = config.vllm_version == OLD
         if config.max_capture_size is not None:
             limit = min(config.max_capture_size, tokens)
         else:
-            limit = min(2 * q * config.max_num_seqs, config.platform_max, tokens)
+            limit = min(2 * q * config.max_num_seqs, OLD_PLATFORM_MAX if old else config.platform_max, tokens)
         chosen = {s for s in range(1, limit + 1) if on_grid(s)}
         if tokens <= limit:
             chosen.add(tokens)
-        if config.max_capture_size is None:
+        if config.max_capture_size is None and not old:  # OLD: no decode sizes appended
             if q == 1 and config.max_num_seqs <= limit:
                 chosen.add(config.max_num_seqs)
             if q > 1:
@@ -160,22 +165,25 @@ def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = No
                 num_active_loras: int = 0) -> Dispatch:
     """docs/runners.md, V2: for FULL, then PIECEWISE, the keys of that mode at the smallest size that
     holds the batch; the first one the batch fits (a uniform key takes only uniform batches, and no
-    more requests than it has) wins. Eager keeps the request and adapter counts."""
+    more requests than it has) wins. Eager keeps the request and adapter counts. OLD: one search over
+    both modes' keys, at the smallest size any of them has (docs/spec.md section 11)."""
     q = config.query_len
     if num_reqs is None:
         num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
     loras = active_lora_case(config, num_active_loras)
     if config.mode != "NONE" and num_tokens <= max(_capture_sizes(config), default=0):
         keys = _graph_keys(config)
-        for mode in ("FULL", "PIECEWISE"):
-            holding = [k for k in keys[mode] if k.num_tokens >= num_tokens and k.num_active_loras == loras]
+        searches = [("FULL", "PIECEWISE")] if config.vllm_version == OLD else [("FULL",), ("PIECEWISE",)]
+        for modes in searches:
+            holding = [(mode, k) for mode in modes for k in keys[mode]
+                       if k.num_tokens >= num_tokens and k.num_active_loras == loras]
             if not holding:
                 continue
-            least = min(k.num_tokens for k in holding)
-            fits = [k for k in holding if k.num_tokens == least and (uniform or not k.uniform)
+            least = min(k.num_tokens for _, k in holding)
+            fits = [(mode, k) for mode, k in holding if k.num_tokens == least and (uniform or not k.uniform)
                     and (k.num_reqs is None or k.num_reqs >= num_reqs)]
             if fits:
-                return Dispatch(mode, fits[0])
+                return Dispatch(*min(fits, key=lambda fit: modes.index(fit[0])))
     return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))
 
 
@@ -183,6 +191,8 @@ def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
     """spec section 4, data parallel: the lowest mode, one size, never a higher mode. V1 ranks share
     padded sizes and keep their own on eager; V2 ranks share unpadded sizes (and are uniform only
     if all are) and run their own unpadded size on eager (docs/runners.md)."""
+    if config.vllm_version == OLD:
+        raise ValueError(f"the harness does not model vLLM {OLD}'s data-parallel agreement (harness.vocabulary.VLLM_RELEASES)")
     local = [dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local

@@ -12,7 +12,8 @@ CUDA is initialised the CUDA RNG states and the CUDA memory still allocated.
 
 Not taint: state the harness owns and changes on purpose (the graph log's wrapper around
 torch.cuda.CUDAGraph, engines the EngineFactory caches across tests and the memory they
-hold), Python's `random` module (hypothesis and other test plugins reseed and restore it),
+hold), memory a closed engine still holds within what its runtime declares per build
+(`memory_kept_per_build`, measured by the EngineFactory), Python's `random` module (hypothesis and other test plugins reseed and restore it),
 and changes a test's own fixtures make and undo (monkeypatch).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ MEMORY_TOLERANCE = 8 << 20  # bytes: allocator rounding and small first-use buff
 # memory accesses on the H200). So one workspace's growth is allowed on top of the tolerance.
 CUBLAS_WORKSPACE = 32 << 20
 _released = 0  # bytes of CUDA memory the harness itself freed (cached engines it dropped)
+_kept = 0  # bytes closed engines left allocated within what their runtime declares (memory_kept_per_build)
 
 
 def cuda_allocated(torch) -> int:
@@ -49,6 +51,14 @@ def harness_released(nbytes: int) -> None:
     last test's teardown): counted as still held, so it cannot hide a leak of that test."""
     global _released
     _released += max(nbytes, 0)
+
+
+def runtime_kept(nbytes: int) -> None:
+    """Memory engines closed during a test still hold, measured by the harness and no more than their
+    runtime declares per build (Capabilities.memory_kept_per_build): not counted against the test.
+    Anything above the declaration is still counted."""
+    global _kept
+    _kept += max(nbytes, 0)
 
 
 @dataclass(frozen=True)
@@ -245,7 +255,7 @@ def _torch_state(torch) -> list[Tracked]:
     ]
     if torch.cuda.is_initialized():
         def allocated():
-            return cuda_allocated(torch) + _released
+            return cuda_allocated(torch) + _released - _kept
 
         def settle():
             gc.collect()

@@ -29,7 +29,7 @@ from harness.graphs import device_for
 from harness.graphs.log import LOG, GraphLog
 from harness.protocol import EngineConfig, PolicyConfig, StepResult
 from harness.reliability.safe import describe_exception
-from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED
+from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED, engine_dtype
 
 
 class ObservedEngine:
@@ -173,6 +173,16 @@ class ObservedEngine:
         for request_id in sorted(self.live):
             self.release(request_id)
 
+    def close(self) -> None:
+        """The runtime's close(), where its engine has one: once, when the harness drops the engine."""
+        close, self.engine = getattr(self.engine, "close", None), None
+        if callable(close):
+            close()
+
+    def close_after_test(self) -> None:
+        self.release_all()
+        self.close()
+
 
 def _device_memory(device: str) -> tuple[int, int] | None:
     """(free device memory, bytes torch's caching allocator reserves) on CUDA; None elsewhere."""
@@ -198,16 +208,19 @@ class EngineFactory:
     started; `fresh=True` builds one nobody else has used.
     """
 
-    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str = "float32",
+    def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str | None = None,
                  max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
                  kv_tokens: int | None = 1024):
         self.runtime = runtime
         self.graph_backend = graph_backend
-        self.preset, self.dtype = preset, dtype
+        # A runtime that computes in a dtype whatever it is asked (Capabilities.precision) is built in it.
+        self.preset, self.dtype = preset, dtype or engine_dtype(runtime.capabilities.precision)
         self.vocab, self.num_layers = presets.preset(preset).vocab, presets.preset(preset).layers
         self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len, self.kv_tokens = max_model_len, kv_tokens
         self._engines: dict = {}
+        self._fresh: list[ObservedEngine] = []  # built for the running test alone: closed after it
+        self._allocated_before_fresh: int | None = None  # device memory before the test's first fresh build
         self._ids = itertools.count(10_000)
         self._check: Check | None = None
 
@@ -235,6 +248,8 @@ class EngineFactory:
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
                               max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
                               num_speculative_tokens=spec, mode=mode)
+        if self.runtime.capabilities.vllm_policy:  # held to the rules of the release it declares
+            policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
                             max_model_len=self.max_model_len, kv_tokens=self.kv_tokens,
@@ -247,7 +262,11 @@ class EngineFactory:
     def _get(self, config: EngineConfig, fresh: bool, capture: bool) -> ObservedEngine:
         key = (config, capture)
         if fresh or key not in self._engines:
+            if fresh and not self._fresh:
+                self._allocated_before_fresh = _allocated()
             engine = ObservedEngine(self.runtime.build(config), self, config)
+            if fresh:
+                self._fresh.append(engine)
             if capture:
                 engine.capture()
             if fresh:
@@ -300,20 +319,47 @@ class EngineFactory:
         return resolved
 
     def release_all(self) -> None:
-        """After each test: free what it left running, so a failed test cannot starve the next."""
+        """After each test: free what it left running, so a failed test cannot starve the next, and close
+        the engines it built for itself alone."""
         for engine in self._engines.values():
             engine.release_all()
+        self._close_fresh()
+
+    def _close_fresh(self) -> None:
+        """Close the test's own engines, newest first, and measure what they left allocated: within what
+        the runtime declares per build (memory_kept_per_build) it is not the test's leak; the rest is
+        (harness.reliability.isolation counts it)."""
+        builds, before = len(self._fresh), self._allocated_before_fresh
+        self._allocated_before_fresh, failure = None, None
+        while self._fresh:
+            try:
+                self._fresh.pop().close_after_test()
+            except Exception as exc:  # noqa: BLE001 - the others are closed all the same; the first is raised
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        torch = sys.modules.get("torch")
+        if not builds or before is None or torch is None or not torch.cuda.is_initialized():
+            return
+        gc.collect()
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:  # a broken CUDA context (AcceleratorError): the test that broke it was told
+            return
+        kept = max(_allocated() - before, 0)  # measured: what the closed engines still hold
+        isolation.runtime_kept(min(kept, builds * self.runtime.capabilities.memory_kept_per_build))
 
     def close(self) -> None:
-        """Drop the cached engines and free their memory now: left to a later garbage collection, it
+        """Close the cached engines and free their memory now: left to a later garbage collection, it
         would be freed during a later test and hide a leak of that test's (docs/reliability.md)."""
+        self._close_fresh()
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_initialized():
-            self._engines.clear()  # no device memory is measured: two full collections (~0.3 s each) buy nothing
+            self._close_cached()  # no device memory is measured: two full collections (~0.3 s each) buy nothing
             return
         gc.collect()  # the running test's own garbage first: freeing that is not the harness's doing
         held = isolation.cuda_allocated(torch)
-        self._engines.clear()
+        self._close_cached()
         gc.collect()
         isolation.harness_released(held - isolation.cuda_allocated(torch))
         try:
@@ -321,6 +367,19 @@ class EngineFactory:
         except RuntimeError:  # a broken CUDA context (AcceleratorError): the test that broke it was told
             pass
 
+    def _close_cached(self) -> None:
+        engines, self._engines = list(self._engines.values()), {}
+        for engine in engines:
+            engine.close()
+
     def new_id(self) -> int:
         return next(self._ids)
+
+
+def _allocated() -> int | None:
+    """CUDA memory allocated on every device; None where CUDA is not in use."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return isolation.cuda_allocated(torch)
 

@@ -8,6 +8,7 @@ from importlib import metadata
 from typing import Callable
 
 from harness.protocol import Capabilities
+from harness.runtime import validate
 from harness.reliability.safe import describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "cudagraph_conformance.runtimes"
@@ -100,6 +101,9 @@ def check(runtime, origin: str) -> None:
         raise RuntimeLoadError(
             f"{origin}: capabilities must be a harness.protocol.Capabilities, got {type(runtime.capabilities).__name__}"
         )
+    problem = validate.declarations(runtime.capabilities)
+    if problem:
+        raise RuntimeLoadError(f"{origin}: {problem}")
 
 
 def _import_factory(spec: str, option: str):

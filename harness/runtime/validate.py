@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from harness.reliability.safe import describe_exception, safe_repr
-from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES
+from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES
 
 ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 
@@ -30,6 +30,31 @@ def _never_raises(validator):
             return (f"returned {safe_repr(value)}, which the harness could not even inspect "
                     f"({describe_exception(exc, 300)})")
     return guarded
+
+
+def declarations(capabilities) -> str | None:
+    """The declarations in Capabilities that are values, not switches: each one the harness knows."""
+    precision = capabilities.precision
+    if precision not in PRECISIONS:
+        return (f"Capabilities.precision={safe_repr(precision)} is not one the harness knows; declare one of "
+                f"{', '.join(map(repr, PRECISIONS))}: how the engine's float32 matrix products are done (ieee, tf32) "
+                "or the dtype it computes in (docs/spec.md section 10)")
+    if capabilities.speculative_steps and not (capabilities.speculative and capabilities.execution):
+        return ("Capabilities.speculative_steps (engines that run verify steps of q tokens a request) needs "
+                "speculative (policies that take num_speculative_tokens > 0) and execution as well")
+    kept = capabilities.memory_kept_per_build
+    if not _is_int(kept) or kept < 0:
+        return (f"Capabilities.memory_kept_per_build={safe_repr(kept)}; declare the device bytes a closed engine "
+                "may leave allocated, an int >= 0 (0: close() releases everything)")
+    release = VLLM_RELEASES.get(capabilities.vllm_version)
+    if release is None:
+        return (f"Capabilities.vllm_version={safe_repr(capabilities.vllm_version)} is not a vLLM release whose policy "
+                f"the harness models; declare one of {', '.join(map(repr, VLLM_RELEASES))} (docs/spec.md section 11)")
+    if capabilities.vllm_policy and capabilities.data_parallel and not release.data_parallel:
+        return (f"Capabilities.vllm_version={capabilities.vllm_version!r} with data_parallel: the harness models the "
+                f"data-parallel agreement of vLLM {', '.join(v for v, r in VLLM_RELEASES.items() if r.data_parallel)} "
+                "only; declare that release, or data_parallel=False")
+    return None
 
 
 @_never_raises

@@ -18,7 +18,7 @@ class BucketRuntime:
     version = __version__
     engine_class = BucketEngine
     capabilities = Capabilities(
-        capture_sizes=True, dispatch=True, mode_resolution=True, speculative=True, execution=True,
+        capture_sizes=True, dispatch=True, mode_resolution=True, speculative=True, execution=True, speculative_steps=True,
         graph_backends=("emulated", "cuda"), attention_backends=(ATTENTION,), padding_fills=PADDING_FILLS,
         loads_checkpoint=True, kv_inspection=True, input_inspection=True, address_checks=True,
         notes="powers-of-two buckets keyed by padded token count, FULL graphs only (no PIECEWISE); "

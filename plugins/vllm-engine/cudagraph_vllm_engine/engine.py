@@ -21,8 +21,8 @@ import time
 
 from harness import protocol as p
 
-from . import settings
-from .policy import sizes_with_graphs
+from . import release, settings
+from .policy import graph_descriptors, sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
 
@@ -37,7 +37,20 @@ class EngineError(RuntimeError):
 
 
 class VllmEngine:
-    def __init__(self, config: p.EngineConfig, label: str):
+    def __init__(self, config: p.EngineConfig, label: str, live=None):
+        from vllm.config import set_current_vllm_config
+
+        self.config, self.label = config, label
+        self.live = live if live is not None else set()  # this runtime's engines not yet closed
+        self.executor = self.runner = None
+        self._set_config = set_current_vllm_config
+        try:
+            self._build()
+        except BaseException:
+            self.close()  # a failed build gives back what it made, as a closed engine does
+            raise
+
+    def _build(self) -> None:
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
@@ -45,8 +58,7 @@ class VllmEngine:
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-        self.config, self.label = config, label
-        self._set_config = set_current_vllm_config
+        config, label = self.config, self.label
         policy = config.policy
         # One more position than the harness asks for: after a step the runner writes the sampled
         # token at index len(tokens) of its per-request token table (input_batch.post_update).
@@ -60,6 +72,7 @@ class VllmEngine:
                                    "(vllm/v1/worker/gpu/model_runner.py) only")
             with settings.timed(f"  {label}: executor (worker, device, model load)"):
                 self.executor = UniProcExecutor(vllm_config)
+            self.live.add(self)  # from here on close() has something to give back, a failed build included
             self.runner = self.executor.driver_worker.worker.model_runner
             with set_current_vllm_config(vllm_config):
                 specs = self.executor.get_kv_cache_specs()
@@ -134,6 +147,15 @@ class VllmEngine:
 
     def sizes_with_graphs(self) -> list[int]:
         return list(sizes_with_graphs(self.manager))
+
+    def capture_sizes(self) -> list[int]:
+        """vLLM's cudagraph_capture_sizes for this engine ([] when it resolved NONE)."""
+        if self.resolved == "NONE":
+            return []
+        return sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or ())
+
+    def graph_descriptors(self) -> dict[str, tuple]:
+        return graph_descriptors(self.manager)
 
     # -- steps --------------------------------------------------------------------------------
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
@@ -248,6 +270,26 @@ class VllmEngine:
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
                                f"(request, sampled, argmax, gap): {bad}: the rows were misread")
+
+    # -- the end --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Give back what this engine holds (release.py: as vLLM's own tests do between engines), and,
+        when it is the last engine of this runtime, what vLLM keeps for the process."""
+        import torch
+
+        if self not in self.live:
+            return
+        self.live.discard(self)
+        executor, runner = self.executor, self.runner
+        self.executor = self.runner = self.manager = self.observer = self.last = None
+        with settings.timed(f"close {self.label}"), self._set_config(self.vllm_config), settings.process_state_kept():
+            if executor is not None:
+                release.release_engine(executor, runner, others_alive=bool(self.live))
+            del executor, runner
+            gc.collect()
+            torch.cuda.empty_cache()
+            if not self.live:
+                release.release_process()
 
     # -- inspection ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:

@@ -1,11 +1,12 @@
 """The graph policy of vLLM 0.25's V2 model runner, answered by vLLM's own code for any
 PolicyConfig: the VllmConfig the engine would get (settings.engine_args), the mode resolved as
 `GPUModelRunner.initialize_kv_cache` resolves it, and the candidate table of the V2
-`CudaGraphManager` (its `_init_candidates` and `dispatch`, on a manager built without a model).
+`CudaGraphManager` (its `_init_candidates` and `dispatch`, on a manager built without a model),
+its LoRA cases from `lora_utils.get_lora_capture_cases`.
 
-V2 differs from the spec's V1 dispatcher in one visible way: graphs exist only for the
-descriptors `_init_candidates` makes, so under FULL_DECODE_ONLY the sizes above
-max_num_seqs x q have no graph. `capture_sizes()` lists the sizes that have a graph.
+Questions with speculative tokens are asked of a config with an EAGLE draft (the policy model's own
+config stands in for the draft's weights: sizes and keys depend on the number of speculative
+tokens only); questions with LoRA of a config with LoRA enabled and no adapter loaded.
 """
 from __future__ import annotations
 
@@ -14,18 +15,28 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness import protocol as p
+from harness.vocabulary import padded
 
 from . import settings
 
 POLICY_MODEL = Path(__file__).with_name("policy_model")  # a config.json only: sizes never depend on weights
+VERSION = "0.25"  # the vLLM release whose code answers, and whose rules this runtime declares
 
 
 @dataclass(frozen=True)
 class Answer:
-    sizes: tuple[int, ...]  # sizes with a graph, ascending
+    sizes: tuple[int, ...]  # vLLM's cudagraph_capture_sizes for the config, ascending
     mode: str  # the resolved config mode
     warnings: tuple[str, ...]
     dispatcher: object  # a vllm.v1.worker.gpu.cudagraph_utils.CudaGraphManager without a model
+
+
+def check_version(version: str) -> None:
+    """This runtime declares vLLM 0.25's rules (Capabilities.vllm_version): another release would
+    answer with rules of its own under that declaration."""
+    if not (version == VERSION or version.startswith(VERSION + ".")):
+        raise RuntimeError(f"this runtime declares vLLM {VERSION}'s graph policy and answers with vLLM's own code, "
+                           f"but vLLM {version} is installed; install vLLM {VERSION}.x (README)")
 
 
 def attention_support() -> str:
@@ -41,6 +52,7 @@ def dispatcher_for(vllm_config, mode, decode_query_len: int = 1, graphs_captured
     here are the ones `_init_candidates`, `_build_lora_dispatch_map` and `dispatch` read
     (vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.__init__)."""
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+    from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
 
     manager = CudaGraphManager.__new__(CudaGraphManager)
     manager.vllm_config = vllm_config
@@ -48,7 +60,7 @@ def dispatcher_for(vllm_config, mode, decode_query_len: int = 1, graphs_captured
     manager.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
     manager.cudagraph_mode = mode
     manager.decode_query_len = decode_query_len
-    manager.lora_capture_cases = [0]
+    manager.lora_capture_cases = get_lora_capture_cases(vllm_config.lora_config, vllm_config.compilation_config)
     manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
     manager._candidates, manager._capture_descs = {}, {}
     manager._init_candidates()
@@ -56,16 +68,27 @@ def dispatcher_for(vllm_config, mode, decode_query_len: int = 1, graphs_captured
     return manager
 
 
+def graph_descriptors(manager) -> dict[str, tuple]:
+    """Each runtime mode's descriptors a manager captures, sorted: what a built engine is checked against."""
+    return {mode.name: tuple(sorted(map(repr, descs))) for mode, descs in manager._capture_descs.items()}
+
+
 def sizes_with_graphs(manager) -> tuple[int, ...]:
     return tuple(sorted({desc.num_tokens for descs in manager._capture_descs.values() for desc in descs}))
 
 
 def as_dispatch(desc) -> p.Dispatch:
-    """A V2 BatchExecutionDescriptor as the protocol's Dispatch (an eager one is vLLM's trivial key)."""
-    if desc.cg_mode.name == "NONE":
-        return p.Dispatch("NONE", p.Descriptor(desc.num_tokens))
-    return p.Dispatch(desc.cg_mode.name, p.Descriptor(desc.num_tokens, desc.num_reqs, desc.uniform_token_count is not None,
-                                                      False, desc.num_active_loras))
+    """A V2 BatchExecutionDescriptor as the protocol's Dispatch: uniform means a uniform token count."""
+    loras = desc.num_active_loras
+    return p.Dispatch(desc.cg_mode.name, p.Descriptor(desc.num_tokens, desc.num_reqs,
+                                                      desc.uniform_token_count is not None, loras > 0, loras))
+
+
+def num_reqs_of(config: p.PolicyConfig, num_tokens: int, num_reqs: int | None, uniform: bool) -> int:
+    """V2 dispatches with a request count; the protocol's None is the most the batch can hold."""
+    if num_reqs is not None:
+        return num_reqs
+    return num_tokens // config.query_len if uniform else min(num_tokens, config.max_num_seqs)
 
 
 class VllmPolicy:
@@ -81,27 +104,29 @@ class VllmPolicy:
         from vllm.v1.attention.backend import AttentionCGSupport
 
         with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config))
+            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config, draft=self.model_dir))
             mode = resolve(vllm_config, AttentionCGSupport[self.support], settings.ATTENTION_BACKEND, config.query_len)
             manager = dispatcher_for(vllm_config, mode, config.query_len)
-        return Answer(sizes_with_graphs(manager) if mode.name != "NONE" else (), mode.name, tuple(warnings), manager)
+        sizes = tuple(sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())) if mode.name != "NONE" else ()
+        return Answer(sizes, mode.name, tuple(warnings), manager)
 
     # -- the protocol's policy questions -------------------------------------------------
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return list(self.answer(config).sizes)
 
     def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        candidates = self.answer(config).dispatcher._candidates.get((num_tokens, 0))
-        return candidates[0].num_tokens if candidates else None
+        """V2 keeps no padding table: its mixed routine pads to the smallest capture size that holds the batch."""
+        return padded(self.answer(config).sizes, num_tokens)
 
     def dispatch(self, config: p.PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
-        if num_active_loras:
-            raise ValueError("vllm-engine loads no LoRA adapters: num_active_loras must be 0")
+        """CudaGraphManager.dispatch as GPUModelRunner.execute_model calls it: a uniform batch brings its
+        token count per request (q); V2 calls a batch uniform when every request brings the same count,
+        and only a count of q can match a decode graph, so that is the harness's `uniform`."""
         manager = self.answer(config).dispatcher
-        # V2 calls a batch uniform when every request brings the same count; only a count of q
-        # can match a decode graph, so the harness's `uniform` (every request brings q) is the same test.
-        desc = manager.dispatch(num_reqs or 1, num_tokens, config.query_len if uniform else None, 0)
+        q = config.query_len
+        desc = manager.dispatch(num_reqs_of(config, num_tokens, num_reqs, uniform), num_tokens, q if uniform else None,
+                                num_active_loras)
         return as_dispatch(desc)
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
@@ -115,7 +140,8 @@ class VllmPolicy:
             compilation = {}
         config = p.PolicyConfig(mode=request.mode)
         with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config, compilation=compilation))
+            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config, compilation=compilation,
+                                                                           draft=self.model_dir))
             mode = resolve(vllm_config, AttentionCGSupport[request.support], f"a backend of support {request.support}",
                            1 + request.num_speculative_tokens)
         return p.Resolution(request.mode, mode.name, tuple(warnings))

@@ -12,7 +12,9 @@ cheap where vLLM is absent (CI).
 """
 from __future__ import annotations
 
+import os
 import warnings
+import weakref
 from pathlib import Path
 
 from harness import protocol as p
@@ -25,37 +27,30 @@ NOTES = ("vLLM {vllm} V2 model runner, in-process, {backend} attention; this run
          "exactly the harness's batch; logits: the model's compute_logits on the hidden states the runner produced, "
          "every real token, raw (not log-softmax); eager_step: the same engine with vLLM's dispatcher forced to NONE "
          "at the padded shape (same compiled kernels, no graph); config mode NONE: enforce_eager (no torch.compile); "
-         "q = 1 only; sizes are the device's (PolicyConfig.platform_max is not used); padded-row fills: zeros or "
-         "random valid ids and positions (the padded inputs are integers)")
+         "engines q = 1, no LoRA adapters; sizes are the device's (PolicyConfig.platform_max is not used); padded-row "
+         "fills: zeros or random valid ids and positions (the padded inputs are integers); precision {precision}: "
+         "{why}")
+PRECISION_WHY = {
+    "tf32": "Triton's float32 tl.dot (the Triton attention backend) rounds to TF32 by default; vLLM's other "
+            "products are cuBLAS at float32 matmul precision 'highest'",
+    "ieee": "TRITON_F32_DEFAULT=ieee makes Triton's float32 tl.dot IEEE too",
+}
+POLICY_NOTES = ("vLLM {vllm}'s own policy code (policy.py) for its V2 model runner; questions with speculative tokens "
+                "are asked of a config with an EAGLE draft (the policy model's config), with LoRA of one with LoRA "
+                "enabled and no adapter")
 
 
-class VllmEngineRuntime:
-    name = "vllm-engine"
-    known_failures = str(KNOWN_FAILURES)
+def precision() -> str:
+    """How this process's vLLM does its float32 arithmetic: Triton's float32 dots are TF32 unless
+    TRITON_F32_DEFAULT=ieee (read by Triton when it compiles a kernel)."""
+    return "ieee" if os.environ.get("TRITON_F32_DEFAULT", "").lower() == "ieee" else "tf32"
 
-    def __init__(self):
-        settings.apply_environment()
-        import torch
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
-        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
+class _Policy:
+    """The protocol's policy questions, answered by vLLM 0.25's own code (policy.VllmPolicy)."""
 
-        from .policy import VllmPolicy
+    policy: "VllmPolicy"
 
-        self.policy = VllmPolicy()
-        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner)"
-        self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True,
-            execution=True, graph_backends=("cuda",),
-            attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
-            padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
-            outputs_alias_graph_buffers=False,
-            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND),
-        )
-        self.engines_built = 0
-
-    # -- policy: vLLM's own answers ---------------------------------------------------------
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return self.policy.capture_sizes(config)
 
@@ -68,9 +63,68 @@ class VllmEngineRuntime:
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         return self.policy.resolve_mode(request)
 
+
+class VllmEnginePolicyRuntime(_Policy):
+    """vLLM 0.25's policy alone, on any machine where vLLM 0.25 imports (a GPU is not needed:
+    without_gpu.py says what stands in): the answers `vllm-engine` gives, for the policy suites and
+    for scripts/vllm_versions_compare.py."""
+
+    name = "vllm-engine-policy"
+    known_failures = str(KNOWN_FAILURES)
+
+    def __init__(self):
+        settings.apply_environment()
+        import torch
+        import vllm
+
+        from .policy import VERSION, VllmPolicy, check_version
+
+        check_version(vllm.__version__)
+        if not torch.cuda.is_available():
+            from .without_gpu import stand_in_for_an_h200
+
+            stand_in_for_an_h200()
+        self.policy = VllmPolicy()
+        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner, policy only)"
+        self.capabilities = p.Capabilities(
+            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
+            lora=True, speculative=True, notes=POLICY_NOTES.format(vllm=vllm.__version__))
+
+
+class VllmEngineRuntime(_Policy):
+    name = "vllm-engine"
+    known_failures = str(KNOWN_FAILURES)
+
+    def __init__(self):
+        settings.apply_environment()
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
+        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
+
+        from .policy import VERSION, VllmPolicy, check_version
+
+        check_version(vllm.__version__)
+        self.policy = VllmPolicy()
+        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner)"
+        arithmetic = precision()
+        self.capabilities = p.Capabilities(
+            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
+            lora=True, speculative=True, execution=True, graph_backends=("cuda",),
+            attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
+            padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
+            outputs_alias_graph_buffers=False, precision=arithmetic,
+            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
+                               why=PRECISION_WHY[arithmetic]),
+        )
+        self.engines_built = 0
+        self.live = weakref.WeakSet()  # engines built and not yet closed: the last close releases the process's share
+
     # -- execution --------------------------------------------------------------------------
     def build(self, config: p.EngineConfig):
         from .engine import VllmEngine
+        from .policy import graph_descriptors
 
         self._check_config(config)
         expected = self.policy.answer(config.policy)  # raises ValueError where vLLM rejects the config
@@ -78,12 +132,14 @@ class VllmEngineRuntime:
         policy = config.policy
         label = (f"engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
                  f"tokens={policy.max_num_batched_tokens}")
-        engine = VllmEngine(config, label)
-        sizes = engine.sizes_with_graphs() if engine.resolved != "NONE" else []
-        if (engine.resolved, sizes) != (expected.mode, list(expected.sizes)):
-            raise RuntimeError(f"{label}: vLLM's engine resolved {engine.resolved} with graphs at {sizes}, but this "
-                               f"runtime's policy answer for the same config is {expected.mode} at {list(expected.sizes)}: "
-                               "the policy questions would be answered for another engine")
+        engine = VllmEngine(config, label, self.live)
+        built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
+        answered = (expected.mode, list(expected.sizes), graph_descriptors(expected.dispatcher))
+        if built != answered:
+            engine.close()
+            raise RuntimeError(f"{label}: vLLM's engine resolved {built[0]}, capture sizes {built[1]}, graphs "
+                               f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
+                               "for the same config: the policy questions would be answered for another engine")
         engine.resolution = p.Resolution(policy.mode, engine.resolved, engine.build_warnings)
         if engine.resolved != policy.mode:
             for message in engine.build_warnings:

@@ -26,7 +26,7 @@ ENVIRONMENT = {
 }
 ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
-USAGE_CONTEXT = "LLM_CLASS"  # the offline engine's defaults (max_num_batched_tokens when None)
+USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
 EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
 _log = logging.getLogger("cudagraph_vllm_engine")
@@ -83,16 +83,24 @@ def timed(what: str):
 
 
 def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,
-                max_model_len: int | None = None, compilation: dict | None = None):
-    """vLLM's EngineArgs for a model folder and a harness PolicyConfig. Raises ValueError for what
-    this runtime does not drive (speculative decoding, LoRA)."""
+                max_model_len: int | None = None, compilation: dict | None = None, draft: str | Path | None = None):
+    """vLLM's EngineArgs for a model folder and a harness PolicyConfig.
+
+    Speculative decoding needs a draft: vLLM 0.25's V2 runner takes only draft-model methods (EAGLE,
+    MTP, DFlash, DSpark; `VllmConfig._get_v2_model_runner_unsupported_features` sends ngram to V1).
+    `draft` names an EAGLE draft's config folder: policy questions use the policy model's own, since
+    sizes and keys depend on the number of speculative tokens only; an engine is given none, and a
+    config with speculative tokens is then a ValueError. LoRA is configured (`enable_lora`, no
+    adapter loaded) where `draft` is given too, i.e. for policy questions only."""
     from vllm.engine.arg_utils import EngineArgs
 
-    if policy.num_speculative_tokens:
+    questions_only = draft is not None
+    if policy.num_speculative_tokens and not questions_only:
         raise ValueError(f"vllm-engine drives q = 1 steps only; num_speculative_tokens={policy.num_speculative_tokens} "
-                         "needs a draft model this runtime does not load")
-    if policy.max_loras:
-        raise ValueError(f"vllm-engine loads no LoRA adapters; max_loras={policy.max_loras} is not supported")
+                         "needs a draft model this runtime does not load (README: speculative decoding)")
+    if policy.max_loras and not questions_only:
+        raise ValueError(f"vllm-engine loads no LoRA adapters; max_loras={policy.max_loras} is answered as policy "
+                         "only (README: LoRA)")
     kwargs = dict(model=str(model), skip_tokenizer_init=True, dtype=dtype, seed=seed,
                   max_num_seqs=policy.max_num_seqs, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                   enable_prefix_caching=False,  # this runtime is the scheduler: every step names its tokens
@@ -102,10 +110,16 @@ def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int 
         kwargs["max_num_batched_tokens"] = policy.max_num_batched_tokens
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
+    if policy.num_speculative_tokens:
+        kwargs["speculative_config"] = {"method": "eagle", "model": str(draft),
+                                        "num_speculative_tokens": policy.num_speculative_tokens}
+    if policy.max_loras:
+        kwargs.update(enable_lora=True, max_loras=policy.max_loras, specialize_active_lora=policy.specialize_active_loras)
     if policy.mode == "NONE":
         kwargs["enforce_eager"] = True  # vLLM's -O0: no torch.compile, no graphs
     else:
-        options = {"cudagraph_mode": policy.mode, **(compilation or {})}
+        options = {"cudagraph_mode": policy.mode, "cudagraph_specialize_lora": policy.specialize_lora,
+                   **(compilation or {})}
         if policy.capture_sizes is not None:
             options["cudagraph_capture_sizes"] = list(policy.capture_sizes)
         if policy.max_capture_size is not None:

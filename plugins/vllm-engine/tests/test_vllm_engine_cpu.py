@@ -232,3 +232,165 @@ def test_what_vllm_changes_for_the_process_is_put_back(monkeypatch):
     with settings.process_state_kept():
         del os.environ["CUDAGRAPH_TEST_KEPT"]
     assert os.environ["CUDAGRAPH_TEST_KEPT"] == "1"
+
+
+# -- giving an engine back (release.py), on stand-ins for vLLM's modules ------------------------
+class Compiled(torch.nn.Module):
+    """Stands in for vLLM's TorchCompileWithNoGuardsWrapper: a module registered with dynamo."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def cleanup(self):
+        self.calls.append(("cleanup", type(self).__name__))
+
+    def original_code_object(self):
+        return type(self).forward.__code__
+
+    def forward(self):
+        pass
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch):
+    """vLLM's modules that release.py imports, standing in; returns the list of calls made."""
+    import sys
+    from types import ModuleType
+
+    calls = []
+    wrapper = ModuleType("vllm.compilation.wrapper")
+    wrapper.TorchCompileWithNoGuardsWrapper = Compiled
+    workspace = ModuleType("vllm.v1.worker.workspace")
+    workspace.initialized = True
+    workspace.is_workspace_manager_initialized = lambda: workspace.initialized
+    workspace.init_workspace_manager = lambda device: calls.append(("init_workspace_manager", device))
+    distributed = ModuleType("vllm.distributed")
+    distributed.cleanup_dist_env_and_memory = lambda: calls.append(("cleanup_dist_env_and_memory",))
+    worker = ModuleType("vllm.v1.worker")
+    worker.workspace = workspace
+    for name, module in {"vllm": ModuleType("vllm"), "vllm.compilation": ModuleType("vllm.compilation"),
+                         "vllm.compilation.wrapper": wrapper, "vllm.v1": ModuleType("vllm.v1"),
+                         "vllm.v1.worker": worker, "vllm.v1.worker.workspace": workspace,
+                         "vllm.distributed": distributed}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(torch._dynamo.eval_frame, "remove_from_cache", lambda code: calls.append(("uncache", code)))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(("dynamo_reset",)))
+
+    def shutdown():  # the worker's shutdown resets the workspace manager (gpu/shutdown.py)
+        calls.append(("shutdown",))
+        workspace.initialized = False
+    return calls, shutdown, workspace
+
+
+@pytest.mark.parametrize("others_alive", [True, False])
+def test_an_engine_gives_back_its_compiled_modules_before_the_worker_shuts_down(stand_in_vllm, others_alive):
+    from cudagraph_vllm_engine import release
+
+    calls, shutdown, _ = stand_in_vllm
+    model = torch.nn.Sequential(Compiled(calls), torch.nn.Linear(2, 2))
+    runner = SimpleNamespace(model=model, device="cuda:0")
+    release.release_engine(SimpleNamespace(shutdown=shutdown), runner, others_alive=others_alive)
+    assert calls[:2] == [("cleanup", "Compiled"), ("shutdown",)]  # the global hook first: it holds the weights
+    assert calls[2] == ("uncache", Compiled.forward.__code__)  # dynamo's entry, whose function holds them too
+    # The workspace manager the live engines' workers made is put back; with none left it stays reset.
+    assert (("init_workspace_manager", "cuda:0") in calls) == others_alive
+
+
+def test_the_process_is_released_as_vllms_tests_do(stand_in_vllm):
+    from cudagraph_vllm_engine import release
+
+    calls, _, _ = stand_in_vllm
+    release.release_process()
+    assert calls == [("cleanup_dist_env_and_memory",), ("dynamo_reset",)]  # vLLM's tests/conftest.py, in its order
+
+
+def test_only_the_last_engine_to_close_releases_the_process(monkeypatch):
+    import contextlib
+    import weakref
+
+    from cudagraph_vllm_engine import release
+
+    calls = []
+    monkeypatch.setattr(release, "release_engine", lambda executor, runner, others_alive: calls.append(
+        ("engine", executor, others_alive)))
+    monkeypatch.setattr(release, "release_process", lambda: calls.append(("process",)))
+    live = weakref.WeakSet()
+    engines = []
+    for name in ("a", "b"):
+        engine = VllmEngine.__new__(VllmEngine)
+        engine.live, engine.label, engine.vllm_config = live, name, None
+        engine.executor, engine.runner = f"executor-{name}", f"runner-{name}"
+        engine._set_config = lambda config: contextlib.nullcontext()
+        live.add(engine)
+        engines.append(engine)
+    engines[0].close()
+    assert calls == [("engine", "executor-a", True)]
+    engines[0].close()  # once only
+    engines[1].close()
+    assert calls == [("engine", "executor-a", True), ("engine", "executor-b", False), ("process",)]
+    assert engines[1].runner is None and not live
+
+
+# -- declarations ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("value,declared", [(None, "tf32"), ("ieee", "ieee"), ("IEEE", "ieee"), ("tf32", "tf32")])
+def test_the_declared_precision_is_how_triton_will_compile_float32_dots(monkeypatch, value, declared):
+    from cudagraph_vllm_engine.runtime import PRECISION_WHY, precision
+
+    if value is None:
+        monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_F32_DEFAULT", value)
+    assert precision() == declared and declared in PRECISION_WHY
+
+
+@pytest.mark.parametrize("version,ok", [("0.25.0", True), ("0.25.1", True), ("0.33.0", False), ("0.2", False)])
+def test_the_runtime_declares_vllm_025_only_where_vllm_025_answers(version, ok):
+    from cudagraph_vllm_engine.policy import check_version
+
+    if ok:
+        check_version(version)
+    else:
+        with pytest.raises(RuntimeError, match=f"declares vLLM 0.25's graph policy.*vLLM {version} is installed"):
+            check_version(version)
+
+
+# -- every build is checked against the policy's answer -------------------------------------------
+def test_an_engine_that_is_not_what_the_policy_answers_is_closed_and_refused(monkeypatch):
+    """The policy questions are answered for the engine vLLM builds: where the built engine's resolved
+    mode, capture sizes or graph descriptors differ from the policy's answer for its config, build()
+    closes it and says what each was."""
+    import weakref
+
+    from harness.protocol import EngineConfig, PolicyConfig
+    from cudagraph_vllm_engine import engine as engine_module
+    from cudagraph_vllm_engine import runtime as runtime_module
+    from cudagraph_vllm_engine.policy import Answer
+
+    closed = []
+
+    class Built:
+        resolved, build_warnings = "FULL_AND_PIECEWISE", ()
+
+        def __init__(self, config, label, live):
+            self.label = label
+
+        def capture_sizes(self):
+            return [1, 2, 4, 8, 16]
+
+        def graph_descriptors(self):
+            return {"PIECEWISE": ("desc(16)", "desc(8)")}
+
+        def close(self):
+            closed.append(self.label)
+
+    answered = Answer((1, 2, 4, 8), "FULL_AND_PIECEWISE", (), SimpleNamespace(_capture_descs={}))
+    monkeypatch.setattr(engine_module, "VllmEngine", Built)
+    runtime = runtime_module.VllmEngineRuntime.__new__(runtime_module.VllmEngineRuntime)
+    runtime.policy = SimpleNamespace(answer=lambda policy: answered)
+    runtime.engines_built, runtime.live = 0, weakref.WeakSet()
+    config = EngineConfig(preset="small", device="cuda", graph_backend="cuda", checkpoint="/checkpoint",
+                          policy=PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    with pytest.raises(RuntimeError, match=r"capture sizes \[1, 2, 4, 8, 16\].*answers FULL_AND_PIECEWISE, \[1, 2, 4, 8\]"):
+        runtime.build(config)
+    assert closed == ["engine #1 FULL_AND_PIECEWISE float32 seqs=8 tokens=64"]

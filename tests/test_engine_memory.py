@@ -1,0 +1,185 @@
+"""What an engine leaves allocated after its test (docs/reliability.md): engines built for one test
+alone are closed in its teardown, what they still hold is measured, up to the runtime's declared
+`memory_kept_per_build` per build is not the test's leak, and anything more (or memory kept per
+step) fails the test that built them, never a later one.
+
+On the CPU, with a stand-in CUDA allocator: a weak set of CPU tensors is what is allocated (as in
+test_hostile_runtimes.py); on a GPU also with real CUDA memory and CUDA graphs. Each session runs in
+a subprocess, which keeps the patches to itself.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from tests.test_hostile_runtimes import PLUGIN, importable_from_anywhere  # noqa: F401 (a fixture)
+
+RUNTIMES = '''
+import os
+import weakref
+from dataclasses import replace
+
+import torch
+
+import harness.reliability.robustness
+from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
+from reference_runtime.engine.runner import ModelRunner
+
+ON_CUDA = os.environ.get("MEMORY_TEST_DEVICE") == "cuda"
+live = weakref.WeakSet()  # the stand-in allocator: what is allocated is what is alive
+if not ON_CUDA:
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.is_available = lambda: False  # no device behind it, on a GPU machine too (the report header asks)
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.memory_allocated = lambda device=None: sum(t.numel() for t in live)
+    torch.cuda.get_rng_state_all = lambda: []
+    torch.cuda.empty_cache = lambda: None
+    harness.reliability.robustness.cuda_probe = lambda: None
+MiB = 1 << 20
+LIBRARY = []  # what an engine's library keeps process-wide
+
+
+def allocate():
+    tensor = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda" if ON_CUDA else "cpu")
+    live.add(tensor)
+    return tensor
+
+
+class Engine(ReferenceEngine):
+    keeps_per_step = False
+
+    def step(self, requests, padding_fill=None):
+        if self.keeps_per_step:
+            LIBRARY.append(allocate())
+        return super().step(requests, padding_fill)
+
+
+class KeepsPerBuild(ReferenceRuntime):
+    """Its library keeps 64 MiB per engine that close() cannot release, and it says so."""
+
+    name = "keeps-per-build"
+    capabilities = replace(ReferenceRuntime.capabilities, memory_kept_per_build=64 * MiB)
+    engine = Engine
+
+    def build(self, config):
+        LIBRARY.append(allocate())
+        return self.engine(ModelRunner(runner_config(config)))
+
+
+class KeepsPerBuildUndeclared(KeepsPerBuild):
+    """Keeps 64 MiB per engine and declares nothing."""
+
+    name = "keeps-per-build-undeclared"
+    capabilities = ReferenceRuntime.capabilities
+
+
+class StepEngine(Engine):
+    keeps_per_step = True
+
+
+class KeepsPerStep(KeepsPerBuild):
+    """Declares 64 MiB per build, and keeps 64 MiB more on every step."""
+
+    name = "keeps-per-step"
+    engine = StepEngine
+
+
+class ClosingEngine(Engine):
+    def __init__(self, runner):
+        super().__init__(runner)
+        self.held = allocate()
+        LIBRARY.append(self.held)  # a process-wide cache that holds it until close()
+
+    def close(self):
+        LIBRARY.remove(self.held)
+
+
+class ClosesWhatItHolds(ReferenceRuntime):
+    """Not broken: its library holds 64 MiB per engine until close() releases it; declares nothing."""
+
+    name = "closes-what-it-holds"
+    engine = ClosingEngine
+
+    def build(self, config):
+        return self.engine(ModelRunner(runner_config(config)))
+'''
+
+TESTS = '''
+from harness.protocol import PolicyConfig, Request
+
+
+def test_a_fresh_engine_of_two_steps(engines):
+    engine = engines.get(mode="NONE", capture=False, fresh=True)
+    rid = engines.new_id()
+    engine.step([Request(rid, (1, 2, 3), 0)])
+    engine.step([Request(rid, (4,), 3)])
+
+
+def test_a_later_test(runtime):
+    runtime.capture_sizes(PolicyConfig())
+'''
+
+
+DEVICES = ["stand-in", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                    reason="needs a CUDA device"))]
+
+
+def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in") -> tuple[dict[str, dict], dict]:
+    """({test name: its JSON entry}, the JSON report) of TESTS against one of RUNTIMES, with the
+    stand-in allocator or on a GPU with CUDA graphs."""
+    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=TESTS)
+    pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
+    monkeypatch.setenv("MEMORY_TEST_DEVICE", device)
+    backend = ("--graph-backend", "cuda") if device == "cuda" else ()
+    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", f"memory_runtimes:{runtime}", "--report-dir", "out",
+                                           "-p", "no:cacheprovider", "-p", "no:xdist", *backend)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    (report,) = (pytester.path / "out").glob("conformance-*.json")
+    data = json.loads(report.read_text())
+    return {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in data["tests"]}, data
+
+
+def outcomes(tests: dict) -> dict[str, str]:
+    return {name: entry["outcome"] for name, entry in tests.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_what_a_runtime_declares_it_keeps_per_build_is_not_a_leak(pytester, monkeypatch, device):
+    tests, data = run_memory(pytester, monkeypatch, "KeepsPerBuild", device)
+    assert outcomes(tests)["test_a_fresh_engine_of_two_steps"] == "passed", tests
+    assert outcomes(tests)["test_a_later_test"] == "passed", tests
+    assert data["capabilities"]["memory_kept_per_build"] == 64 << 20
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mutant,leaked", [("KeepsPerBuildUndeclared", 64), ("KeepsPerStep", 128)],
+                         ids=["KeepsPerBuildUndeclared", "KeepsPerStep"])
+def test_memory_kept_beyond_the_declaration_fails_the_test_that_built_the_engine(pytester, monkeypatch, record_property,
+                                                                                  mutant, leaked, device):
+    tests, _ = run_memory(pytester, monkeypatch, mutant, device)
+    assert outcomes(tests) == {"test_a_fresh_engine_of_two_steps": "error", "test_a_later_test": "passed"}, tests
+    reason = tests["test_a_fresh_engine_of_two_steps"]["reason"]
+    found = re.search(r"CUDA memory allocated: ([0-9.]+) MiB more than before the test", reason)
+    assert found and leaked <= float(found.group(1)) < leaked + 40, reason  # a GPU may add a cuBLAS workspace
+    record_property("caught_by", ["isolation: memory kept beyond memory_kept_per_build"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_engine_that_releases_its_memory_in_close_leaves_nothing(pytester, monkeypatch, device):
+    tests, _ = run_memory(pytester, monkeypatch, "ClosesWhatItHolds", device)
+    assert outcomes(tests)["test_a_fresh_engine_of_two_steps"] == "passed", tests
+
+
+def test_a_negative_declaration_is_refused():
+    from harness.protocol import Capabilities
+    from harness.runtime import registry
+
+    class Runtime:
+        name, version = "negative", "1"
+        capabilities = Capabilities(memory_kept_per_build=-1)
+
+    with pytest.raises(registry.RuntimeLoadError, match="memory_kept_per_build=-1"):
+        registry.check(Runtime(), "negative")
