@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 import harness.reliability.robustness
-from reference_runtime.adapter import ReferenceEngine, ReferenceRuntime, runner_config
+from reference_runtime.adapter import ReferenceRuntime, runner_config
 from reference_runtime.engine.runner import ModelRunner
 
 ON_CUDA = os.environ.get("MEMORY_TEST_DEVICE") == "cuda"
@@ -48,7 +48,7 @@ def allocate():
     return tensor
 
 
-class Engine(ReferenceEngine):
+class Engine(ModelRunner):
     keeps_per_step = False
 
     def step(self, requests, padding_fill=None):
@@ -66,7 +66,7 @@ class KeepsPerBuild(ReferenceRuntime):
 
     def build(self, config):
         LIBRARY.append(allocate())
-        return self.engine(ModelRunner(runner_config(config)))
+        return self.engine(runner_config(config))
 
 
 class KeepsPerBuildUndeclared(KeepsPerBuild):
@@ -88,8 +88,8 @@ class KeepsPerStep(KeepsPerBuild):
 
 
 class ClosingEngine(Engine):
-    def __init__(self, runner):
-        super().__init__(runner)
+    def __init__(self, config):
+        super().__init__(config)
         self.held = allocate()
         LIBRARY.append(self.held)  # a process-wide cache that holds it until close()
 
@@ -104,7 +104,7 @@ class ClosesWhatItHolds(ReferenceRuntime):
     engine = ClosingEngine
 
     def build(self, config):
-        return self.engine(ModelRunner(runner_config(config)))
+        return self.engine(runner_config(config))
 '''
 
 TESTS = '''

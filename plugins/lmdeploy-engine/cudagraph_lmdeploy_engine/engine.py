@@ -54,7 +54,7 @@ class LmdeployEngine:
         policy = config.policy
         self.rng = settings.EngineRandom(config.seed, torch.cuda.current_device())
         folder = model_dir(config.checkpoint)
-        with settings.timed(f"build {label}"), settings.process_state_kept(self.rng):
+        with settings.timed(f"build {label}"), settings.process_state_restored(self.rng):
             self.executor = build_executor(folder, settings.engine_config(config, resolved))
             for stage in ("build_model", "update_configs", "build_graph_runner", "build_cache_engine"):
                 with settings.timed(f"  {label}: {stage}"):
@@ -135,7 +135,7 @@ class LmdeployEngine:
         free_before = torch.cuda.mem_get_info()[0]
         self.observer.capturing = True
         try:
-            with settings.timed(f"capture {self.label}"), settings.process_state_kept(self.rng):
+            with settings.timed(f"capture {self.label}"), settings.process_state_restored(self.rng):
                 start = time.perf_counter()
                 self.executor.warmup()  # BaseModelAgent.warmup: a dummy prefill, then every decode size, largest first
                 torch.cuda.synchronize()
@@ -183,7 +183,7 @@ class LmdeployEngine:
             raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
                              f"positions), not {padding_fill!r}: padded rows attend only to LMDeploy's reserved "
                              "block, which they also write, so a poisoned KV row would be overwritten before it is read")
-        return self._run(list(requests), padding_fill=padding_fill)
+        return self._forward_step(list(requests), padding_fill=padding_fill)
 
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         requests = list(requests)
@@ -194,15 +194,15 @@ class LmdeployEngine:
             raise ValueError(f"eager_step at {padded_num_tokens} tokens for a step of {tokens}: it must hold the step, "
                              f"stay within max_num_batched_tokens={limit}, and pad only a decode step (one token a "
                              "request): LMDeploy runs every other step unpadded")
-        return self._run(requests, eager_size=padded_num_tokens)
+        return self._forward_step(requests, eager_size=padded_num_tokens)
 
-    def _run(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
         planned = self.requests.plan(requests)
         decoding = is_decoding(planned)
         record = self.observer.start(eager_size=eager_size, fill=padding_fill)
         first, start = self.steps == 0, time.perf_counter()
         try:
-            with settings.process_state_kept(self.rng):
+            with settings.process_state_restored(self.rng):
                 logits = self._forward(self._model_inputs(planned, decoding))
         except (EngineError, EagerShapeError):
             raise
@@ -281,6 +281,23 @@ class LmdeployEngine:
                 row += q.num_new
         if problems:
             raise EngineError(f"{self.label}: " + "; ".join(problems))
+
+    def close(self) -> None:
+        """Give back what this engine holds: LMDeploy's own release (UniExecutor.release ->
+        BaseModelAgent.release: the graph runner reset, the model and cache engine dropped, the
+        allocator's cache emptied), then this runtime's references to them."""
+        import torch
+
+        executor, self.executor = getattr(self, "executor", None), None
+        if executor is None:
+            return
+        self.agent = self.runner = self.observer = self.last = None
+        self._eager_runners.clear()
+        with settings.timed(f"close {self.label}"), settings.process_state_restored(self.rng):
+            executor.release()
+        del executor
+        gc.collect()
+        torch.cuda.empty_cache()
 
     # -- inspection ---------------------------------------------------------------------------
     def release(self, request_id: int) -> None:

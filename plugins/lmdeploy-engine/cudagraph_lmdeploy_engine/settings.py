@@ -66,7 +66,7 @@ def engine_config(config, resolved: str):
 
 
 @contextmanager
-def process_state_kept(rng):
+def process_state_restored(rng):
     """Run a call into LMDeploy with its own random streams, and put back what it changes for the
     process. LMDeploy draws from torch's global generators (every graph step fills its padded
     token ids with `random_`, CudaGraphMixin.fill_buffers_cudagraph; warm-up draws dummy inputs):

@@ -179,7 +179,7 @@ def test_before_capture_a_decode_step_runs_eager_and_the_decline_is_recorded():
     assert not runner._full_graph_runners and observer.capture_order == []
 
 
-def test_after_capture_a_decode_step_replays_the_padded_graph_and_its_inputs_are_kept():
+def test_after_capture_a_decode_step_replays_the_padded_graph_and_its_inputs_are_staged():
     runner, observer, _ = observed()
     captured(observer, runner)
     assert observer.capture_order == [(8, True, False, 1), (4, True, False, 1), (2, True, False, 1), (1, True, False, 1)]
@@ -271,14 +271,14 @@ def test_a_step_that_is_not_what_lmdeploy_ran_fails_loudly(monkeypatch, broken):
 
 
 # -- what stays as it was around a call into LMDeploy ------------------------------------------
-def test_lmdeploys_draws_go_on_as_one_stream_and_the_callers_generator_and_environment_are_kept(monkeypatch):
+def test_lmdeploys_draws_go_on_as_one_stream_and_the_callers_generator_and_environment_are_restored(monkeypatch):
     monkeypatch.setenv("CUDAGRAPH_TEST_KEPT", "1")
     rng, before = settings.EngineRandom(seed=5, device=None), torch.get_rng_state()
-    with settings.process_state_kept(rng):
+    with settings.process_state_restored(rng):
         first = torch.rand(3)
         os.environ["CUDAGRAPH_TEST_KEPT"] = "2"
         os.environ["CUDAGRAPH_TEST_ADDED"] = "x"
-    with settings.process_state_kept(rng):
+    with settings.process_state_restored(rng):
         second = torch.rand(3)
     assert torch.equal(torch.get_rng_state(), before)
     assert os.environ["CUDAGRAPH_TEST_KEPT"] == "1" and "CUDAGRAPH_TEST_ADDED" not in os.environ

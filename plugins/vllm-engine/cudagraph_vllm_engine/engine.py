@@ -65,7 +65,7 @@ class VllmEngine:
         args = settings.engine_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
                                     max_model_len=config.max_model_len + 1)
         with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
-                settings.process_state_kept():
+                settings.process_state_restored():
             self.vllm_config = vllm_config = settings.create_vllm_config(args)
             if not vllm_config.use_v2_model_runner:
                 raise EngineError("vLLM chose its V1 model runner for this config; this runtime drives the V2 runner "
@@ -128,7 +128,7 @@ class VllmEngine:
         self.observer.start()  # capture runs the piecewise path too: keep it off the last step's record
         with settings.timed(f"capture {self.label}"):
             start = time.perf_counter()
-            with self._set_config(self.vllm_config), settings.process_state_kept():
+            with self._set_config(self.vllm_config), settings.process_state_restored():
                 memory = self.runner.capture_model()  # vLLM's own measure: free memory before minus after
             seconds = time.perf_counter() - start
         full = len(self.manager.graphs) - full_before
@@ -162,7 +162,7 @@ class VllmEngine:
         if padding_fill not in (None, "zeros", "random"):
             raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
                              f"positions), not {padding_fill!r}: its padded inputs are integers")
-        return self._run(list(requests), padding_fill=padding_fill)
+        return self._forward_step(list(requests), padding_fill=padding_fill)
 
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         requests = list(requests)
@@ -171,9 +171,9 @@ class VllmEngine:
         if not tokens <= padded_num_tokens <= limit:
             raise ValueError(f"eager_step at {padded_num_tokens} tokens: it must hold the step's {tokens} tokens and "
                              f"fit vLLM's static buffers of max_num_batched_tokens={limit}")
-        return self._run(requests, eager_size=padded_num_tokens)
+        return self._forward_step(requests, eager_size=padded_num_tokens)
 
-    def _run(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
         import torch
 
         planned = self.requests.plan(requests)
@@ -182,7 +182,7 @@ class VllmEngine:
         first = self.steps == 0
         start = time.perf_counter()
         try:
-            with self._set_config(self.vllm_config), settings.process_state_kept():
+            with self._set_config(self.vllm_config), settings.process_state_restored():
                 self.executor.execute_model(output)
                 state = self.runner.execute_model_state
                 if state is None:
@@ -282,7 +282,7 @@ class VllmEngine:
         self.live.discard(self)
         executor, runner = self.executor, self.runner
         self.executor = self.runner = self.manager = self.observer = self.last = None
-        with settings.timed(f"close {self.label}"), self._set_config(self.vllm_config), settings.process_state_kept():
+        with settings.timed(f"close {self.label}"), self._set_config(self.vllm_config), settings.process_state_restored():
             if executor is not None:
                 release.release_engine(executor, runner, others_alive=bool(self.live))
             del executor, runner

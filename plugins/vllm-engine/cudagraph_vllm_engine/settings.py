@@ -52,7 +52,7 @@ def event(message: str) -> None:
 
 
 @contextmanager
-def process_state_kept():
+def process_state_restored():
     """Put back what vLLM changes for the whole process during a call: it draws from torch's
     global CPU generator (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own cache
     when it compiles. The harness fails a test that leaves either changed (docs/reliability.md),

@@ -223,13 +223,13 @@ def test_what_vllm_changes_for_the_process_is_put_back(monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("CUDAGRAPH_TEST_KEPT", "1")
     before = torch.get_rng_state()
-    with settings.process_state_kept():
+    with settings.process_state_restored():
         torch.rand(3)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/elsewhere"
         os.environ["CUDAGRAPH_TEST_KEPT"] = "2"
     assert torch.equal(torch.get_rng_state(), before)
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and os.environ["CUDAGRAPH_TEST_KEPT"] == "1"
-    with settings.process_state_kept():
+    with settings.process_state_restored():
         del os.environ["CUDAGRAPH_TEST_KEPT"]
     assert os.environ["CUDAGRAPH_TEST_KEPT"] == "1"
 
