@@ -56,7 +56,10 @@ class StepPlan:
 
 def query_len_if_uniform(requests, q: int) -> int | None:
     """q when every request brings exactly q tokens (a uniform decode batch), else None."""
-    return q if requests and all(len(r.token_ids) == q for r in requests) else None
+    for request in requests:  # a loop, not all(): this runs twice a step, and decode batches are small
+        if len(request.token_ids) != q:
+            return None
+    return q if requests else None
 
 
 class Planner:
