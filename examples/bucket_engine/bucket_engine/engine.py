@@ -39,6 +39,8 @@ INPUTS = ("token_ids", "positions", "slot_mapping", "kv_rows")  # the static inp
 
 
 class BucketEngine:
+    model_class = Llama  # the model, a part a variant may replace
+
     def __init__(self, config: EngineConfig):
         if config.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
@@ -56,7 +58,7 @@ class BucketEngine:
         self.policy = replace(config.policy, mode=self.resolution.resolved)
         self.q, self.sizes = self.policy.query_len, policy.capture_sizes(self.policy)
         checkpoint = config.checkpoint or presets.checkpoint(config.preset, config.seed)
-        self.model = Llama(checkpoint, DTYPES[config.dtype], self.device)
+        self.model = self.model_class(checkpoint, DTYPES[config.dtype], self.device)
         self.length = config.max_model_len
         if self.length > self.model.max_positions:
             raise ValueError(f"max_model_len {self.length} exceeds the model's {self.model.max_positions} positions")
@@ -64,6 +66,7 @@ class BucketEngine:
         self.sink = self.num_rows * self.length  # the sink row's first slot; the sink row is self.num_rows
         self.padding_slot = self.sink  # what padded tokens write
         m = self.model
+        self.scale = m.head_dim ** -0.5  # attention's softmax scale
         self.cache = torch.zeros(m.num_layers, 2, self.sink + self.length, m.kv_heads, m.head_dim,
                                  dtype=DTYPES[config.dtype], device=self.device)
         max_tokens = max(self.sizes + [policy.batched_tokens(self.policy)])
@@ -98,7 +101,7 @@ class BucketEngine:
         # A slot no token may see can hold anything (NaN in a poisoned sink): zero it, since 0 * NaN is NaN.
         v = v.masked_fill(~visible[:, :, None, None], 0)
         q = q.view(n, m.kv_heads, m.heads // m.kv_heads, m.head_dim)
-        scores = torch.einsum("tkgd,tlkd->tkgl", q, k) * m.head_dim ** -0.5
+        scores = torch.einsum("tkgd,tlkd->tkgl", q, k) * self.scale
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.einsum("tkgl,tlkd->tkgd", probs, v).reshape(n, m.heads * m.head_dim)
