@@ -20,6 +20,7 @@ except ImportError:  # a bare checkout: the example package is not installed
 from bucket_engine import policy  # noqa: E402
 from harness.vocabulary import FAP  # noqa: E402
 from bucket_engine.engine import BucketEngine as Engine  # noqa: E402
+from bucket_engine.model import Llama  # noqa: E402
 from bucket_engine.runtime import BucketRuntime  # noqa: E402
 
 
@@ -166,6 +167,80 @@ class _InterleavedRope(Engine):
 
 
 
+
+# -- engines that ignore a config field and use transformers' default instead ---------------------
+# field -> (the default used instead, whether it sits in rope_parameters). The harness's checkpoint
+# sets each away from its default (harness/expectations/presets.py); on a checkpoint of defaults
+# every one of these computes transformers' numbers.
+IGNORED_FIELDS = {
+    "rms_norm_eps": (1e-6, False),
+    "hidden_act": ("silu", False),
+    "attention_bias": (False, False),
+    "mlp_bias": (False, False),
+    "max_position_embeddings": (2048, False),
+    "rope_theta": (10000.0, True),
+    "rope_type": ("default", True),  # plain RoPE: Llama 3.1's scaling ignored
+}
+
+
+def ignoring(field: str) -> type:
+    default, in_rope = IGNORED_FIELDS[field]
+
+    class _Model(Llama):
+        @staticmethod
+        def read_config(folder):
+            config = Llama.read_config(folder)
+            if in_rope:
+                config["rope_parameters"] = {**config["rope_parameters"], field: default}
+            else:
+                config[field] = default
+            return config
+
+    name = "".join(part.title() for part in field.split("_"))
+    engine = type(f"_Ignores{name}", (Engine,), {
+        "model_class": _Model,
+        "__doc__": f"Reads every config field but {field}, for which it takes transformers' default {default!r}."})
+    return broken(f"ignores-{field.replace('_', '-')}", engine)
+
+
+class _UntiedModel(Llama):
+    def head(self, config, weights):
+        # As loaders that skip names a checkpoint lacks leave the buffer they allocated.
+        return weights.get("lm_head.weight", torch.zeros_like(weights["model.embed_tokens.weight"]))
+
+
+class _HeadNotTied(Engine):
+    """Ignores tie_word_embeddings: takes its head from lm_head.weight, and where a tied checkpoint
+    has none, keeps the head it allocated (zeros here; uninitialised memory in engines that skip
+    missing weights)."""
+
+    model_class = _UntiedModel
+
+
+class _ScaleFromHiddenSize(Engine):
+    """Scales attention scores by (hidden_size / heads) ** -0.5, the head width when head_dim is
+    left at its default, instead of the checkpoint's head_dim ** -0.5."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.scale = (self.model.hidden // self.model.heads) ** -0.5
+
+
+class _OnesForNorms(Llama):
+    def __init__(self, folder, dtype, device):
+        super().__init__(folder, dtype, device)
+        self.final_norm = torch.ones_like(self.final_norm)
+        for layer in self.layers:
+            layer["input_norm"], layer["post_norm"] = torch.ones_like(layer["input_norm"]), torch.ones_like(layer["post_norm"])
+
+
+class _NormWeightsNotLoaded(Engine):
+    """Its loader misses the RMSNorm weights and keeps their initial ones (transformers starts them
+    at one too, so a freshly initialised checkpoint cannot tell)."""
+
+    model_class = _OnesForNorms
+
+
 class SilentDowngrade(BucketRuntime):
     """Resolves modes by its rule but drops the warning from resolve_mode()'s answer."""
 
@@ -267,7 +342,14 @@ OutputIsAGraphBuffer = broken("output-is-a-graph-buffer", _OutputIsAGraphBuffer)
 NoAddressCheck = broken("no-address-check", _NoAddressCheck)
 CaptureWritesLiveSlots = broken("capture-writes-live-slots", _CaptureWritesLiveSlots)
 InterleavedRope = broken("interleaved-rope", _InterleavedRope)
+HeadNotTied = broken("head-not-tied", _HeadNotTied)
+ScaleFromHiddenSize = broken("scale-from-hidden-size", _ScaleFromHiddenSize)
+NormWeightsNotLoaded = broken("norm-weights-not-loaded", _NormWeightsNotLoaded)
+IgnoresRmsNormEps, IgnoresHiddenAct, IgnoresAttentionBias, IgnoresMlpBias, IgnoresMaxPositionEmbeddings, \
+    IgnoresRopeTheta, IgnoresRopeType = (ignoring(field) for field in IGNORED_FIELDS)
+CONFIG_MUTANTS = [IgnoresRmsNormEps, IgnoresHiddenAct, IgnoresAttentionBias, IgnoresMlpBias, IgnoresRopeTheta,
+                  IgnoresRopeType, HeadNotTied, ScaleFromHiddenSize, NormWeightsNotLoaded]
 
 MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
            HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
-           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot]
+           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot, *CONFIG_MUTANTS, IgnoresMaxPositionEmbeddings]

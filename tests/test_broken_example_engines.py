@@ -15,7 +15,14 @@ from tests import broken_example_engines, catching
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 
-# broken variant -> (the suite file that must catch it, words from the failure of the check that does)
+
+def eager_anchor(mutant) -> str:
+    """The anchor's eager generation alone: a model read wrong is wrong on every path, and one
+    session of one test is what the catch costs."""
+    return f"test_numerical_anchor.py::test_every_step_matches_transformers[{mutant.name}-NONE]"
+
+
+# broken variant -> (the suite file, or file::test, that must catch it, words from the failure of the check that does)
 MUST_CATCH = {
     "BucketOffByThree": ("test_replay_equivalence.py", "own dispatch()"),
     "ReportsDispatchedSize": ("test_padding_isolation.py", "padded rows"),
@@ -26,10 +33,12 @@ MUST_CATCH = {
     "OutputIsAGraphBuffer": ("test_static_addresses.py", "outputs_alias_graph_buffers=False"),
     "NoAddressCheck": ("test_static_addresses.py", "the graph read the memory it was captured with"),
     "CaptureWritesLiveSlots": ("test_capture_side_effects.py", "capture wrote KV-cache slots"),
-    "InterleavedRope": ("test_numerical_anchor.py", "transformers' forward"),
+    "InterleavedRope": (eager_anchor(broken_example_engines.InterleavedRope), "transformers' forward"),
     "SilentDowngrade": ("test_mode_resolution.py", "silent downgrade"),
     "DeclaresFewerSizes": ("test_fallback.py", "one of its own capture sizes"),
     "PaddingWritesAFreeSlot": ("test_padding_isolation.py", "padded rows wrote KV-cache slots"),
+    # A config field ignored, its default used: on a checkpoint of defaults each computes transformers' numbers.
+    **{mutant.__name__: (eager_anchor(mutant), "transformers' forward") for mutant in broken_example_engines.CONFIG_MUTANTS},
 }
 # What depends on the shape of a runtime's grid.
 GRID_SUITES = ["test_capture_accounting.py", "test_capture_sizes.py", "test_dispatch.py", "test_fallback.py",
@@ -107,6 +116,7 @@ def test_the_suites_catch_the_broken_variant(pytester, record_property, one_thre
     suite, words = MUST_CATCH[variant]
     failed = failures(run_suites(pytester, variant, [suite]))
     record_property("caught_by", sorted({Path(t["nodeid"].split("::")[0]).name for t in failed}))
+    suite = suite.split("::")[0]
     doc = getattr(broken_example_engines, variant).__doc__.strip()
     assert failed, f"{variant} ({doc}) escaped {suite}"
     assert any(words in t.get("reason", "") for t in failed), \

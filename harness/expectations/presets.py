@@ -8,11 +8,11 @@ transformers' own forward, independently of the engine under test.
 
 No default is left untested: every config field the Llama forward reads is set away from
 transformers' default (`NOT_DEFAULT`, and each preset's shape: head_dim is not hidden / heads,
-fewer key-value heads than heads), and the weights transformers would initialise to a constant
-(norm weights to one, biases to zero) are drawn too. An engine that ignores a field, or a
-norm weight, and assumes the common default then computes other numbers than transformers.
-`tests/test_presets.py` holds every preset to that, and `tests/broken_example_engines.py` has an
-engine per field that uses the default instead.
+fewer key-value heads than heads, an activation other than silu), and the weights transformers
+would initialise to a constant (norm weights to one, biases to zero) are drawn too. An engine that
+ignores a field, or a norm weight, and assumes the common default then computes other numbers
+than transformers. `tests/test_presets.py` holds every preset the anchor runs on to that, and
+`tests/broken_example_engines.py` has an engine per field that uses the default instead.
 """
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ INERT = {
     "bos_token_id": "a tokenizer's concern", "eos_token_id": "a tokenizer's concern",
     "initializer_range": "scales the weights drawn at initialisation (Preset.init_std); no forward reads it",
 }
+# The presets the numerical anchor runs on (--preset): tiny, and small where an engine cannot run
+# tiny's shapes. Each is held to NOT_DEFAULT by tests/test_presets.py, save what KEPT_AT_DEFAULT says.
+ANCHORED = ("tiny", "small")
+KEPT_AT_DEFAULT = {"small": {"hidden_act": "vLLM runs the anchor on small, and its Llama implements silu only"}}
 WEIGHT_RECIPE = 2  # bump when seeded_model draws weights differently: the checkpoint folder's name changes
 
 
@@ -65,7 +69,7 @@ PRESETS = {
     "tiny": Preset(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=24, intermediate=128, vocab=256,
                    max_positions=128, init_std=0.05),
     # The preset vLLM's engine runs the anchor on: its heads stay 64 wide (vLLM's Triton attention refuses
-    # some sizes), and its activation stays silu, the only one vLLM's Llama implements.
+    # some sizes), and its activation stays silu (KEPT_AT_DEFAULT).
     "small": Preset(layers=8, hidden=512, heads=16, kv_heads=4, head_dim=64, intermediate=1408, vocab=32000,
                     max_positions=1024, hidden_act="silu"),
     # The benchmark lane's alone (no anchor runs on it): its shape is kept so its timings stay comparable.
