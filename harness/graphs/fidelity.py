@@ -270,8 +270,7 @@ def state_written_during_capture(cg, device):
 
 
 @row(WRONG, "graphs sharing a pool reuse blocks the earlier capture freed: replayed out of order, the first "
-     "graph overwrites the second's output", emulator=RIGHT,
-     differs="the emulator has no memory pool: every graph keeps its own intermediates alive")
+     "graph overwrites the second's output")
 def shared_pool_out_of_order(cg, device):
     x = _data(0, device)
     first, second = (lambda: (x * 2) + 1), (lambda: x * 3)  # first's x * 2 is freed after capture
@@ -281,6 +280,45 @@ def shared_pool_out_of_order(cg, device):
     x.copy_(_data(1, device))
     graph_b.replay()
     graph_a.replay()  # captured first, replayed last
+    return out_b, second()
+
+
+@row(RIGHT, "replayed in the order they were captured, graphs sharing a pool each write their blocks before "
+     "the next reads them: the output read last is the last graph's")
+def shared_pool_in_capture_order(cg, device):
+    x = _data(0, device)
+    first, second = (lambda: (x * 2) + 1), (lambda: x * 3)
+    pool = cg.graph_pool_handle()
+    graph_a, _ = _capture(cg, first, pool)
+    graph_b, out_b = _capture(cg, second, pool)
+    x.copy_(_data(1, device))
+    graph_a.replay()
+    graph_b.replay()
+    return out_b, second()
+
+
+@row(RIGHT, "a block the program still holds is never handed to a later capture: the first graph's output, "
+     "kept, survives the second graph's replays")
+def shared_pool_output_kept(cg, device):
+    x = _data(0, device)
+    pool = cg.graph_pool_handle()
+    graph_a, out_a = _capture(cg, lambda: x * 2, pool)  # out_a is held: its block stays the first graph's
+    graph_b, _ = _capture(cg, lambda: (x * 3) * 5, pool)
+    x.copy_(_data(1, device))
+    graph_a.replay()
+    graph_b.replay()
+    return out_a, x * 2
+
+
+@row(RIGHT, "graphs in pools of their own share no memory: replayed in any order, no output is overwritten")
+def private_pools_out_of_order(cg, device):
+    x = _data(0, device)
+    first, second = (lambda: (x * 2) + 1), (lambda: x * 3)
+    graph_a, _ = _capture(cg, first)
+    graph_b, out_b = _capture(cg, second)
+    x.copy_(_data(1, device))
+    graph_b.replay()
+    graph_a.replay()
     return out_b, second()
 
 
