@@ -174,7 +174,8 @@ MUTANTS = {  # emulators (and an address check) built to slip past the table
     # A pool that never hands a freed block to a later capture (every graph keeps its own memory), and
     # one that hands out blocks the program still holds.
     "PoolNeverReuses": lambda mp: mp.setattr(pool.Block, "_gone", lambda self, _: None),
-    "PoolIgnoresHeldTensors": lambda mp: mp.setattr(pool.Block, "use", lambda self, tensor: self.pool().free.add(self)),
+    "PoolIgnoresHeldTensors": lambda mp: (mp.setattr(pool.Block, "use", lambda self, tensor: self.pool().free.add(self)),
+                                          mp.setattr(pool.Block, "free_now", lambda self: True)),
 }
 
 

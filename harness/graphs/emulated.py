@@ -208,7 +208,8 @@ class _RecordingMode(TorchDispatchMode):
             return leaf
         known = self._aliases.get(id(leaf))
         if known is None or known[0]() is not leaf:
-            recorded = pools.alias(leaf) if pools.block_of(leaf) is not None else None
+            block = pools.block_of(leaf)
+            recorded = pools.alias(leaf, block) if block is not None else None
             known = self._aliases[id(leaf)] = (weakref.ref(leaf), recorded)
         return leaf if known[1] is None else known[1]
 

@@ -310,6 +310,21 @@ def shared_pool_output_kept(cg, device):
     return out_a, x * 2
 
 
+@row(RIGHT, "a view the program made after the capture holds the output's memory as the output did: the next "
+     "capture into the pool does not take it")
+def shared_pool_view_kept(cg, device):
+    x = _data(0, device)
+    pool = cg.graph_pool_handle()
+    graph_a, out_a = _capture(cg, lambda: x * 2, pool)
+    view = out_a[1:]  # made outside the capture; the output itself is dropped
+    del out_a
+    graph_b, _ = _capture(cg, lambda: (x * 3) * 5, pool)
+    x.copy_(_data(1, device))
+    graph_a.replay()
+    graph_b.replay()
+    return view, (x * 2)[1:]
+
+
 @row(RIGHT, "graphs in pools of their own share no memory: replayed in any order, no output is overwritten")
 def private_pools_out_of_order(cg, device):
     x = _data(0, device)

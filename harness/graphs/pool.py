@@ -24,6 +24,8 @@ import torch
 _handles = itertools.count(1)
 _pools: "weakref.WeakValueDictionary[tuple[int, int], Pool]" = weakref.WeakValueDictionary()
 _blocks: dict[int, "Block"] = {}  # every live pool's blocks, by address (a pool's leave with it)
+# How many references a storage has (tensors and storage objects); private in torch, so optional.
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class Block:
@@ -35,6 +37,7 @@ class Block:
         self.pool = weakref.ref(pool)
         self.users: list[weakref.ref] = []
         self.live = 0
+        self.aliases: weakref.WeakSet = weakref.WeakSet()  # the emulator's own tensors over this memory
 
     def use(self, tensor: torch.Tensor) -> None:
         self.live += 1
@@ -47,7 +50,13 @@ class Block:
             pool.free.add(self)
 
     def free_now(self) -> bool:
-        return not self.live
+        """No watched tensor is alive, and (where torch can say) no other tensor refers to the memory
+        either: a view the program made outside a capture holds it too."""
+        if self.live:
+            return False
+        if _use_count is None:
+            return True
+        return _use_count(self.storage._cdata) <= 1 + len(self.aliases)  # this block's own reference, the aliases
 
 
 class Pool:
@@ -107,10 +116,12 @@ def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-def alias(tensor: torch.Tensor) -> torch.Tensor:
+def alias(tensor: torch.Tensor, block: Block) -> torch.Tensor:
     """Another tensor object over the same memory, shape and strides (what the emulator records)."""
-    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+    copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
         tensor.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
+    block.aliases.add(copy)
+    return copy
 
 
 def move(tensor: torch.Tensor, block: Block) -> None:
