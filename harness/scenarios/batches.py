@@ -44,6 +44,18 @@ def prefill(engine, ids: list[int], lengths: list[int]) -> list[Sequence]:
     return [Sequence(r.request_id, list(r.token_ids)) for r in requests]
 
 
+def prefill_within(engine, ids: list[int], lengths: list[int], budget: int) -> list[Sequence]:
+    """Admit requests as prefill() does, in as many steps as the token budget needs."""
+    seqs, start = [], 0
+    while start < len(ids):
+        stop, tokens = start, 0
+        while stop < len(ids) and tokens + lengths[stop] <= budget:
+            tokens, stop = tokens + lengths[stop], stop + 1
+        seqs += prefill(engine, ids[start:max(stop, start + 1)], lengths[start:max(stop, start + 1)])
+        start = max(stop, start + 1)
+    return seqs
+
+
 def _continue(s: Sequence, n: int) -> Request:
     """The next n tokens of a running sequence."""
     return Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(n)), s.context_len)

@@ -114,7 +114,7 @@ class BucketEngine:
         self.captured = True
         start, free = time.perf_counter(), self._free_memory()
         pool = self.cg.graph_pool_handle()
-        for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool
+        for size in self.capture_order():
             self.load([], size)
             self.forward(size)  # warm-up
             graph = self.cg.CUDAGraph()
@@ -127,7 +127,13 @@ class BucketEngine:
         else:  # the emulator says what its graphs hold
             memory = sum(graph.held_bytes for graph, _ in self.graphs.values())
         return CaptureReport({"FULL": len(self.graphs)}, time.perf_counter() - start, memory,
-                             tuple(("FULL", size) for size in reversed(self.sizes)))
+                             tuple(("FULL", size) for size in self.capture_order()))
+
+    def capture_order(self) -> list[int]:
+        """Largest first, into one pool: a capture takes only blocks the earlier ones freed, so the
+        smaller graphs reuse the larger's memory and no graph's output sits where a graph captured
+        before it keeps its intermediates."""
+        return sorted(self.sizes, reverse=True)
 
     def _free_memory(self) -> int | None:
         if self.device.type != "cuda":
@@ -139,8 +145,7 @@ class BucketEngine:
     @torch.inference_mode()
     def step(self, requests, padding_fill: str | None = None) -> StepResult:
         n = sum(len(r.token_ids) for r in requests)
-        uniform = bool(requests) and all(len(r.token_ids) == self.q for r in requests)
-        size = self.bucket(n, len(requests), uniform)
+        size = self.bucket(n, len(requests), self.is_uniform(requests))
         graph = self.graphs.get(size)  # None where the batch runs eager, and before capture
         self.load(requests, size if graph else n, padding_fill)
         with self.poisoned_sink(padding_fill):
@@ -149,6 +154,10 @@ class BucketEngine:
             self.check_addresses()
             graph[0].replay()
             return StepResult(graph[1][:n].clone(), "FULL", n, size)
+
+    def is_uniform(self, requests) -> bool:
+        """A decode (or verify) batch: every request brings q tokens, new requests included."""
+        return bool(requests) and all(len(r.token_ids) == self.q for r in requests)
 
     def bucket(self, num_tokens: int, num_reqs: int, uniform: bool) -> int | None:
         """The graph a batch runs in, by its engine's own dispatch; None: eager."""
