@@ -108,3 +108,20 @@ def _compare(check, engines, record, anchor, steps_run, label):
                    rows=torch.nonzero(decided & ~same).flatten().tolist())
     record(AnchorRecord(mode=label, dtype=engines.dtype, steps=steps, largest_difference=largest, tolerance=tolerance,
                         tokens_compared=compared, tokens_equal=equal))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_at_the_end_of_the_context_match_transformers(check, engines, record, anchor, mode):
+    """Steps whose last token is at max_model_len - 1, the tiny model's last position
+    (harness.scenarios.batches.reaching_the_end): a prefill chunk ending there, decode steps
+    reaching it in the last KV block beside a short request, and a request whose prompt is one token
+    joining them."""
+    from harness.scenarios.batches import reaching_the_end
+
+    engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
+
+    def steps():
+        for requests, history in reaching_the_end(engine, engines.new_id() * 100, engines.max_model_len,
+                                                  engine.policy.max_num_batched_tokens):
+            yield requests, engine.step(requests), anchor.step(requests, history)
+    _compare(check, engines, record, anchor, steps(), f"{mode}, at the end of the context")

@@ -1,5 +1,6 @@
 """The bucket engine (examples/bucket_engine) with one bug each, of a kind engine authors write;
-tests/test_broken_example_engines.py checks that the suites catch every one.
+tests/test_broken_example_engines.py checks that the suites catch every one. Those that read the
+checkpoint wrong are in tests/broken_example_models.py.
 
 Each is a subclass of the engine (or the runtime) that changes one method, so the rest of the
 engine is the one that passes every suite. `BucketEngine` here is the unbroken runtime.
@@ -20,7 +21,6 @@ except ImportError:  # a bare checkout: the example package is not installed
 from bucket_engine import policy  # noqa: E402
 from harness.vocabulary import FAP  # noqa: E402
 from bucket_engine.engine import BucketEngine as Engine  # noqa: E402
-from bucket_engine.model import Llama  # noqa: E402
 from bucket_engine.runtime import BucketRuntime  # noqa: E402
 
 
@@ -242,77 +242,41 @@ class _SmallestFirstUncopiedTop(Engine):
         return result
 
 
-# -- engines that ignore a config field and use transformers' default instead ---------------------
-# field -> (the default used instead, whether it sits in rope_parameters). The harness's checkpoint
-# sets each away from its default (harness/expectations/presets.py); on a checkpoint of defaults
-# every one of these computes transformers' numbers.
-IGNORED_FIELDS = {
-    "rms_norm_eps": (1e-6, False),
-    "hidden_act": ("silu", False),
-    "attention_bias": (False, False),
-    "mlp_bias": (False, False),
-    "max_position_embeddings": (2048, False),  # caught at the context's end (test_context_end.py), not by the numbers
-    "rope_theta": (10000.0, True),
-    "rope_type": ("default", True),  # plain RoPE: Llama 3.1's scaling ignored
-}
+# -- engines wrong only at the end of the context -------------------------------------------------
+class _LastDecodeRefused(Engine):
+    """Its decode path checks a request's length with >= where > was meant: a prefill may fill
+    max_model_len, but a decode (or verify) step that reaches the last position is refused."""
+
+    def check_length(self, request):
+        decoding = request.context_len > 0 and len(request.token_ids) == self.q
+        if decoding and request.context_len + len(request.token_ids) >= self.length:
+            raise ValueError(f"request {request.request_id} would reach max_model_len {self.length}")
+        super().check_length(request)
 
 
-def ignoring(field: str) -> type:
-    default, in_rope = IGNORED_FIELDS[field]
+class _NoLengthCheck(Engine):
+    """Never checks a request's length against max_model_len: a token past it indexes past the
+    RoPE table and the KV row (an error on the CPU, other memory on a GPU)."""
 
-    class _Model(Llama):
-        @staticmethod
-        def read_config(folder):
-            config = Llama.read_config(folder)
-            if in_rope:
-                config["rope_parameters"] = {**config["rope_parameters"], field: default}
-            else:
-                config[field] = default
-            return config
-
-    name = "".join(part.title() for part in field.split("_"))
-    engine = type(f"_Ignores{name}", (Engine,), {
-        "model_class": _Model,
-        "__doc__": f"Reads every config field but {field}, for which it takes transformers' default {default!r}."})
-    return broken(f"ignores-{field.replace('_', '-')}", engine)
+    def check_length(self, request):
+        pass
 
 
-class _UntiedModel(Llama):
-    def head(self, config, weights):
-        # As loaders that skip names a checkpoint lacks leave the buffer they allocated.
-        return weights.get("lm_head.weight", torch.zeros_like(weights["model.embed_tokens.weight"]))
-
-
-class _HeadNotTied(Engine):
-    """Ignores tie_word_embeddings: takes its head from lm_head.weight, and where a tied checkpoint
-    has none, keeps the head it allocated (zeros here; uninitialised memory in engines that skip
-    missing weights)."""
-
-    model_class = _UntiedModel
-
-
-class _ScaleFromHiddenSize(Engine):
-    """Scales attention scores by (hidden_size / heads) ** -0.5, the head width when head_dim is
-    left at its default, instead of the checkpoint's head_dim ** -0.5."""
+class _RopeTableOneShort(Engine):
+    """Builds its RoPE table for max_position_embeddings - 1 positions (arange(n - 1)): the model's
+    last position is past the table."""
 
     def __init__(self, config):
         super().__init__(config)
-        self.scale = (self.model.hidden // self.model.heads) ** -0.5
+        self.model.cos, self.model.sin = self.model.cos[:-1], self.model.sin[:-1]
 
 
-class _OnesForNorms(Llama):
-    def __init__(self, folder, dtype, device):
-        super().__init__(folder, dtype, device)
-        self.final_norm = torch.ones_like(self.final_norm)
-        for layer in self.layers:
-            layer["input_norm"], layer["post_norm"] = torch.ones_like(layer["input_norm"]), torch.ones_like(layer["post_norm"])
+class _LastSlotNotAttended(Engine):
+    """Keeps the last slot of each KV row as a guard it never attends to: a token at the last
+    position does not see its own key. Graph and eager steps agree; transformers does not."""
 
-
-class _NormWeightsNotLoaded(Engine):
-    """Its loader misses the RMSNorm weights and keeps their initial ones (transformers starts them
-    at one too, so a freshly initialised checkpoint cannot tell)."""
-
-    model_class = _OnesForNorms
+    def visible(self, positions):
+        return super().visible(positions) & (self.window < self.length - 1)[None, :]
 
 
 class SilentDowngrade(BucketRuntime):
@@ -416,19 +380,16 @@ OutputIsAGraphBuffer = broken("output-is-a-graph-buffer", _OutputIsAGraphBuffer)
 NoAddressCheck = broken("no-address-check", _NoAddressCheck)
 CaptureWritesLiveSlots = broken("capture-writes-live-slots", _CaptureWritesLiveSlots)
 InterleavedRope = broken("interleaved-rope", _InterleavedRope)
-HeadNotTied = broken("head-not-tied", _HeadNotTied)
-ScaleFromHiddenSize = broken("scale-from-hidden-size", _ScaleFromHiddenSize)
-NormWeightsNotLoaded = broken("norm-weights-not-loaded", _NormWeightsNotLoaded)
-IgnoresRmsNormEps, IgnoresHiddenAct, IgnoresAttentionBias, IgnoresMlpBias, IgnoresMaxPositionEmbeddings, \
-    IgnoresRopeTheta, IgnoresRopeType = (ignoring(field) for field in IGNORED_FIELDS)
+LastDecodeRefused = broken("last-decode-refused", _LastDecodeRefused)
+NoLengthCheck = broken("no-length-check", _NoLengthCheck)
+RopeTableOneShort = broken("rope-table-one-short", _RopeTableOneShort)
+LastSlotNotAttended = broken("last-slot-not-attended", _LastSlotNotAttended)
 PowerOfTwoLookup = broken("power-of-two-lookup", _PowerOfTwoLookup)
 GraphsKeyedByExponent = broken("graphs-keyed-by-exponent", _GraphsKeyedByExponent)
 DecodeGraphSkipsNewRows = broken("decode-graph-skips-new-rows", _DecodeGraphSkipsNewRows)
 SmallestFirstUncopiedTop = broken("smallest-first-uncopied-top", _SmallestFirstUncopiedTop)
-CONFIG_MUTANTS = [IgnoresRmsNormEps, IgnoresHiddenAct, IgnoresAttentionBias, IgnoresMlpBias, IgnoresRopeTheta,
-                  IgnoresRopeType, HeadNotTied, ScaleFromHiddenSize, NormWeightsNotLoaded]
 
 MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
            HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
-           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot, *CONFIG_MUTANTS, IgnoresMaxPositionEmbeddings,
-           PowerOfTwoLookup, GraphsKeyedByExponent, DecodeGraphSkipsNewRows, SmallestFirstUncopiedTop]
+           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot, PowerOfTwoLookup, GraphsKeyedByExponent, DecodeGraphSkipsNewRows,
+           SmallestFirstUncopiedTop, LastDecodeRefused, NoLengthCheck, RopeTableOneShort, LastSlotNotAttended]

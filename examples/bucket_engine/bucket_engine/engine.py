@@ -97,7 +97,7 @@ class BucketEngine:
         context = (rows[:, None] * self.length + self.window[None, :]).flatten()  # [n * length] slots
         k = keys.index_select(0, context).view(n, self.length, m.kv_heads, m.head_dim)
         v = values.index_select(0, context).view(n, self.length, m.kv_heads, m.head_dim)
-        visible = self.window[None, :] <= positions[:, None]  # [n, length]
+        visible = self.visible(positions)  # [n, length]
         # A slot no token may see can hold anything (NaN in a poisoned sink): zero it, since 0 * NaN is NaN.
         v = v.masked_fill(~visible[:, :, None, None], 0)
         q = q.view(n, m.kv_heads, m.heads // m.kv_heads, m.head_dim)
@@ -105,6 +105,10 @@ class BucketEngine:
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.einsum("tkgl,tlkd->tkgd", probs, v).reshape(n, m.heads * m.head_dim)
+
+    def visible(self, positions: torch.Tensor) -> torch.Tensor:
+        """[tokens, max_model_len]: the slots of its row a token attends to, its own position included."""
+        return self.window[None, :] <= positions[:, None]
 
     # -- capture ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -177,9 +181,7 @@ class BucketEngine:
                              f"{len(self.inputs['token_ids'])} (max_num_batched_tokens)")
         columns = [[] for _ in INPUTS]  # token id, position, slot, KV row of every token
         for r in requests:
-            if r.context_len + len(r.token_ids) > self.length:
-                raise ValueError(f"request {r.request_id} would hold {r.context_len + len(r.token_ids)} tokens; "
-                                 f"max_model_len is {self.length}")
+            self.check_length(r)
             if not all(0 <= token < self.model.vocab for token in r.token_ids):
                 raise ValueError(f"request {r.request_id} has a token id outside 0..{self.model.vocab - 1}")
             row = self.row_of(r)
@@ -199,6 +201,13 @@ class BucketEngine:
         for name, column in zip(INPUTS, values):
             self.inputs[name][:size].copy_(column)
         self.last_size = size
+
+    def check_length(self, request) -> None:
+        """A request may hold max_model_len tokens, its last at position max_model_len - 1; one more
+        would write past its KV row, so it is refused before anything is written."""
+        if request.context_len + len(request.token_ids) > self.length:
+            raise ValueError(f"request {request.request_id} would hold {request.context_len + len(request.token_ids)} "
+                             f"tokens; max_model_len is {self.length}")
 
     def padding(self, pad: int, fill: str | None) -> tuple[list[int], list[int]]:
         """Padded rows' token ids and positions. None and "zeros": token 0 at position 0. "random",
