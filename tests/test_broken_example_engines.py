@@ -22,21 +22,30 @@ def eager_anchor(mutant) -> str:
     return f"test_numerical_anchor.py::test_every_step_matches_transformers[{mutant.name}-NONE]"
 
 
-# broken variant -> (the suite file, or file::test, that must catch it, words from the failure of the check that does)
+# broken variant -> (the test built to catch its class of bug, as file::test, and words from the failure of the
+# check that does); the catch table shows the suite that caught it.
 MUST_CATCH = {
-    "BucketOffByThree": ("test_replay_equivalence.py", "own dispatch()"),
-    "ReportsDispatchedSize": ("test_padding_isolation.py", "padded rows"),
-    "PaddingSlotZero": ("test_padding_isolation.py", "wrote KV-cache slots"),
-    "StalePaddedRows": ("test_padding_isolation.py", "padding slot"),
-    "GraphKeepsRowTable": ("test_replay_equivalence.py", "graph step vs eager"),
-    "HostSyncInForward": ("test_capture_accounting.py", "CaptureError"),
-    "OutputIsAGraphBuffer": ("test_static_addresses.py", "outputs_alias_graph_buffers=False"),
-    "NoAddressCheck": ("test_static_addresses.py", "the graph read the memory it was captured with"),
-    "CaptureWritesLiveSlots": ("test_capture_side_effects.py", "capture wrote KV-cache slots"),
+    "BucketOffByThree": ("test_replay_equivalence.py::test_graph_equals_eager_for_verify_batches_of_q_tokens",
+                         "own dispatch()"),
+    "ReportsDispatchedSize": ("test_padding_isolation.py::test_padded_inputs_are_valid_and_do_not_remember_earlier_steps",
+                              "padded rows"),
+    "PaddingSlotZero": ("test_padding_isolation.py::test_padded_rows_write_no_kv_slot", "wrote KV-cache slots"),
+    "StalePaddedRows": ("test_padding_isolation.py::test_padded_inputs_are_valid_and_do_not_remember_earlier_steps",
+                        "padding slot"),
+    "GraphKeepsRowTable": ("test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_boundary",
+                           "graph step vs eager"),
+    "HostSyncInForward": ("test_capture_accounting.py::test_nothing_is_captured_after_the_capture_phase", "CaptureError"),
+    "OutputIsAGraphBuffer": ("test_static_addresses.py::test_held_output_lives_as_declared",
+                             "outputs_alias_graph_buffers=False"),
+    "NoAddressCheck": ("test_static_addresses.py::test_a_moved_input_fails_loudly_or_is_not_read",
+                       "the graph read the memory it was captured with"),
+    "CaptureWritesLiveSlots": ("test_capture_side_effects.py::test_capture_changes_no_kv_slot",
+                               "capture wrote KV-cache slots"),
     "InterleavedRope": (eager_anchor(broken_example_engines.InterleavedRope), "transformers' forward"),
     "SilentDowngrade": ("test_mode_resolution.py", "silent downgrade"),
-    "DeclaresFewerSizes": ("test_fallback.py", "one of its own capture sizes"),
-    "PaddingWritesAFreeSlot": ("test_padding_isolation.py", "padded rows wrote KV-cache slots"),
+    "DeclaresFewerSizes": ("test_fallback.py::test_at_and_around_the_max_capture_size", "one of its own capture sizes"),
+    "PaddingWritesAFreeSlot": ("test_padding_isolation.py::test_padded_rows_write_no_kv_slot",
+                               "padded rows wrote KV-cache slots"),
     # Bugs of a grid past its powers of two, of a maximum off them, of one-token prompts joining a decode
     # batch, and of graphs captured out of order into one pool: each needs the suites' larger engine,
     # their one-token joins, or the emulator's memory pool.

@@ -42,11 +42,11 @@ RUNNERS = ("v1", "v2")
 
 @st.composite
 def sweep_configs(draw, *, modes=CONFIG_MODES):
-    """Configs small enough to ask about every batch size: max_num_seqs up to 40, so grids stop at a
+    """Configs small enough to ask about every batch size: max_num_seqs up to 32, so grids stop at a
     few hundred tokens, with a binding token budget, user sizes or a user max now and then, every
     mode and both runners."""
-    seqs = draw(st.integers(1, 40))
-    tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 100)))
+    seqs = draw(st.integers(1, 32))
+    tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 64)))
     sizes = user_max = None
     choice = draw(st.sampled_from(["default", "default", "default", "user_sizes", "user_max"]))
     if choice == "user_sizes":
