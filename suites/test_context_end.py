@@ -5,8 +5,8 @@ verify steps that reach it, in the last KV block) run in every graph mode and eq
 at the same padded shape; the suites' max_model_len is the tiny model's max_position_embeddings,
 so these are the model's last positions too. Past its limit an engine may refuse a step, and
 then says so with a ValueError naming max_model_len before it writes anything; or it runs the
-step right. A build past the model's positions is refused the same way, or runs them as
-transformers does.
+step right. A build past the model's positions is refused the same way, or runs them (as
+transformers does: test_numerical_anchor.py).
 
 Expected values: an eager step of the same runtime at the same shape, the KV snapshot before the
 step, transformers' forward over the harness's checkpoint (test_numerical_anchor.py holds every
@@ -18,7 +18,7 @@ from harness.expectations import kv, presets
 from harness.protocol import Request
 from harness.reliability.safe import describe_exception
 from harness.scenarios.batches import describe_batch, prompt, reaching_the_end
-from harness.vocabulary import EAGER, INDEPENDENT_FORWARD, OBSERVED
+from harness.vocabulary import EAGER, OBSERVED
 
 INVARIANT = "context end"
 pytestmark = pytest.mark.requires("execution")
@@ -105,27 +105,17 @@ def _prefill_long(engine, request_id: int, length: int, budget: int) -> None:
         engine.step([Request(request_id, prompt(request_id, length)[start:start + budget], start)])
 
 
-def test_an_engine_past_the_models_positions_is_refused_or_runs_them_right(check, engines):
+def test_an_engine_past_the_models_positions_is_refused_or_runs_them(check, engines):
     """Built with max_model_len one past the model's max_position_embeddings: refused with a
-    ValueError naming the limit, or a prompt that long runs (and, where the engine loads the
-    checkpoint, its last position is transformers' numbers)."""
+    ValueError naming the limit, or a prompt that long runs without a crash (and, where the engine
+    loads the checkpoint, test_numerical_anchor.py holds its last position to transformers)."""
     positions = presets.preset(engines.preset).max_positions
     case = f"max_model_len {positions + 1}, max_position_embeddings {positions}"
     built = {}
     if refused_clearly(check, lambda: built.update(engine=engines.get(mode="NONE", capture=False, fresh=True,
                                                                       max_model_len=positions + 1)), case):
         return
-    engine, budget, ids = built["engine"], engines.defaults["max_num_batched_tokens"], [engines.new_id()]
-    _prefill_long(engine, ids[0], positions, budget)
-    last = [Request(ids[0], prompt(ids[0], positions + 1)[positions:], positions)]
-    out = engine.step(last)
-    if engines.runtime.capabilities.loads_checkpoint:
-        from harness.expectations.anchor import TOLERANCE, Anchor
-
-        expected = Anchor(engines.checkpoint(), device=engines.config().device).logits(
-            list(prompt(ids[0], positions + 1)))[positions:]
-        difference = float((out.logits.float().cpu() - expected).abs().max())
-        check.that(difference <= TOLERANCE[engines.dtype], source=INDEPENDENT_FORWARD, case=case,
-                   largest_difference=difference,
-                   what="the position past max_position_embeddings differs from transformers' forward")
-    engine.release(ids[0])
+    engine, request_id = built["engine"], engines.new_id()
+    refused_clearly(check, lambda: _prefill_long(engine, request_id, positions + 1,
+                                                 engines.defaults["max_num_batched_tokens"]), case)
+    engine.release(request_id)

@@ -280,7 +280,8 @@ class EngineFactory:
         graph behave as they do in service; a budget that holds twice its widest decode batch."""
         if self._larger is None:
             own = set(_own_grid(self.runtime)) if self.runtime.capabilities.capture_sizes else set()
-            seqs = next(n for n in itertools.count(LARGER_FROM) if n not in own)
+            # A grid with every size from 17 to 64 has no size off it: 17 then.
+            seqs = next((n for n in range(LARGER_FROM, 4 * LARGER_FROM) if n not in own), LARGER_FROM)
             self._larger = dict(max_num_seqs=seqs,
                                 max_num_batched_tokens=max(self.defaults["max_num_batched_tokens"], 2 * seqs))
         return self._larger
