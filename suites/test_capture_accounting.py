@@ -41,6 +41,18 @@ def test_graphs_match_the_policy_keys(check, engines, record, mode, spec):
     record(Capture(mode=f"{mode} q={1 + spec}", preset=engines.preset, graphs=dict(report.graphs),
                    seconds=report.seconds, memory_bytes=report.memory_bytes, graph_backend=engines.graph_backend,
                    observed_captures=engine.seen_at_capture.captures))
+    _graphs_match_the_keys(check, engines, engine, report, case)
+
+
+def test_a_larger_engines_graphs_match_the_policy_keys(check, engines):
+    """The same for the suites' larger engine (its grid past its power-of-two prefix, its maximum off
+    it), as it was captured for the tests that share it."""
+    engine = engines.larger()
+    case = f"the larger engine {engines.larger_policy()}, mode {engine.resolution.resolved}"
+    _graphs_match_the_keys(check, engines, engine, engine.captured, case)
+
+
+def _graphs_match_the_keys(check, engines, engine, report, case):
     check.equal(sum(report.graphs.values()), engine.seen_at_capture.captures, source=OBSERVED, case=case,
                 what="graphs the capture report counts vs graphs the harness saw captured")
     pieces = engine.pieces_per_size()

@@ -1,30 +1,32 @@
 """Dispatch (docs/spec.md section 4; vLLM's two model runners in docs/runners.md): graph keys and
 the FULL > PIECEWISE > NONE choice.
 
-- vLLM conformance (`vllm_policy`): the spec's examples, and every token count of many configs
-  against the oracle, for vLLM's V1 and V2 model runners; LoRA counts. An example that holds
+- vLLM conformance (`vllm_policy`): the spec's examples, and every token count of drawn configs
+  against the oracle, for every q and vLLM's V1 and V2 model runners; LoRA counts. An example that holds
   for one runner only names it (runner="v1" or "v2"); the V2 values come from V2's own code
   (vllm 0.33.0, CudaGraphManager.dispatch). A runtime declaring vLLM 0.25's rules is asked in its
   release and held to the spec's 0.25 values where they differ (docs/spec.md section 11).
 - Any runtime with `dispatch`: the mode is one its config mode can run (a mixed batch never runs
   the decode routine), an eager dispatch is unpadded, a graph dispatch pads up, and where the
-  runtime also declares its sizes, a key's num_tokens is its own padded_size(); with `lora`, a
-  batch with adapters never runs a graph captured without them or for fewer.
+  runtime also declares its sizes, a key's num_tokens is its own padded_size(), for every batch
+  size of drawn configs, every q it declares and both runners; with `lora`, a batch with adapters
+  never runs a graph captured without them or for fewer.
 """
 import itertools
+from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.expectations import expected
 from harness.expectations import oracle
 from harness.expectations.expected import by_release, vllm_rules
 from harness.protocol import Descriptor, Dispatch, PolicyConfig
-from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC
+from harness.scenarios.strategies import QUERY_LENS, RUNNERS, sweep_configs
+from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC, padded
 
 INVARIANT = "dispatch"
-RUNNERS = ("v1", "v2")  # vLLM's model runners (docs/runners.md)
 
 
 def _config(mode, seqs=64, **kw):
@@ -96,28 +98,101 @@ def test_spec_examples(check, runtime, case, config, tokens, reqs, uniform, expe
                 what=f"dispatch of {tokens} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
 
 
-SWEEP = [_config(m, seqs, runner=r) for r in RUNNERS for m in CONFIG_MODES for seqs in (8, 64, 264)] + [
-    _config(m, 32, num_speculative_tokens=k, runner=r) for r in RUNNERS for m in CONFIG_MODES for k in (1, 2)
-] + [_config(FAP, 16, capture_sizes=(2, 6, 10, 40), runner=r) for r in RUNNERS]
+# One config for every q and runner, its grid capped below q x max_num_seqs by the token budget, so
+# its top decode sizes are where rounding to whole requests meets the largest graph.
+EVERY_Q_AND_RUNNER = [_config(FAP, 60, max_num_batched_tokens=100, num_speculative_tokens=q - 1, runner=r)
+                      for q in QUERY_LENS for r in RUNNERS]
 
 
-@pytest.mark.requires("dispatch", "vllm_policy")
-@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c.runner}-{c.mode}-seqs{c.max_num_seqs}-q{c.query_len}"
-                         + ("-user" if c.capture_sizes else ""))
-def test_every_batch_matches_the_oracle(check, runtime, config):
-    """Every token count from 1 to past the max, uniform and mixed, at every bucket boundary."""
-    config = vllm_rules(runtime, config)
-    largest = max(oracle.capture_sizes(config), default=16)
+def every_q_and_runner(test):
+    for config in EVERY_Q_AND_RUNNER:
+        test = example(config=config)(test)
+    return test
+
+
+def sweep(runtime, config) -> tuple[list[int], range, list[tuple], list[tuple]] | None:
+    """(its sizes, every batch size from 1 to past the largest, the uniform batches and the mixed
+    batches it dispatches as (num_tokens, num_reqs)); None where it declares no such q."""
+    if config.num_speculative_tokens and not runtime.capabilities.speculative:
+        return None
+    sizes, q, seqs = runtime.capture_sizes(config), config.query_len, config.max_num_seqs
+    counts = range(1, max(sizes, default=8) + q + 2)
+    uniform = [(n, n // q) for n in counts if n % q == 0 and n // q <= seqs]
+    mixed = [(n, max(1, min(n // 2, seqs))) for n in counts]
+    return sizes, counts, uniform, mixed
+
+
+def holds_whole_requests(config, sizes, num_tokens: int, key: int) -> bool:
+    """A decode graph of q > 1 tokens a request may be keyed by whole requests instead of a size
+    (vLLM's V2 rounds its decode keys up to multiples of q): at least the batch, at most
+    max_num_seqs requests, never past the largest size."""
     q = config.query_len
-    for tokens in range(1, largest + 3):
-        cases = [(tokens, max(1, min(tokens // 2, config.max_num_seqs)), False)]
-        if tokens % q == 0 and tokens // q <= config.max_num_seqs:
-            cases.append((tokens, tokens // q, True))
-        for n, reqs, uniform in cases:
-            expected = oracle.dispatch(config, n, reqs, uniform)
-            got = runtime.dispatch(config, n, reqs, uniform)
-            check.equal(got, expected, source=ORACLE, case=config,
-                        what=f"dispatch of {n} tokens, {reqs} requests, {'uniform' if uniform else 'mixed'}")
+    return q > 1 and key % q == 0 and num_tokens <= key <= min(max(sizes), q * config.max_num_seqs)
+
+
+@pytest.mark.requires("dispatch", "capture_sizes")
+@every_q_and_runner
+@given(config=sweep_configs())
+def test_every_batch_size_pads_and_dispatches_by_its_own_policy(check, runtime, config):
+    """Every batch size from 1 to past the largest graph, for each q the runtime declares and each
+    runner, as a uniform batch and a mixed one: padded_size() is the smallest of its own sizes that
+    holds it; a uniform batch's graph is its padded_size() (or, q > 1, a key of whole requests no
+    larger than its largest size); a mixed batch's graph is one of its sizes that holds it; the
+    routine is one the config mode has; eager is unpadded. Pure functions: the whole space of a
+    config is cheap."""
+    config = replace(config, mode=own_resolved(runtime, config.mode) or config.mode)
+    try:
+        swept = sweep(runtime, config)
+    except ValueError:  # only ordinary configs must be answered (test_capture_sizes.py); whether the rest are is
+        if config.capture_sizes is None and config.max_capture_size is None and config.query_len == 1:  # its policy's
+            raise
+        return
+    if swept is None:
+        return
+    sizes, counts, uniform, mixed = swept
+    case = f"{config} (sizes {sizes[:6]}{' ...' if len(sizes) > 6 else ''} {sizes[-1:] if len(sizes) > 6 else ''})"
+    padded_sizes = {n: runtime.padded_size(config, n) for n in counts}
+    check.equal([padded_sizes[n] for n in counts], [padded(sizes, n) for n in counts], source=OWN_POLICY, case=case,
+                what=f"padded_size() of every batch 1..{counts[-1]} (index i is batch i+1) vs its own capture_sizes()")
+    decode, other = ROUTINES[config.mode]
+    for kind, batches, allowed in (("uniform", uniform, {"NONE", decode, other}), ("mixed", mixed, {"NONE", other})):
+        got = [(n, reqs, runtime.dispatch(config, n, reqs, kind == "uniform")) for n, reqs in batches]
+        bad_mode = [(n, d.runtime_mode) for n, _, d in got if d.runtime_mode not in allowed]
+        check.that(not bad_mode, source=CONTRACT, case=case, batches=bad_mode[:5],
+                   what=f"{kind} batches under {config.mode} run one of {sorted(allowed)}")
+        ran = [(n, d.runtime_mode, d.descriptor.num_tokens) for n, _, d in got]
+        if kind == "uniform":  # eager unpadded, a graph at its own padded_size() or, q > 1, whole requests
+            want = [(n, m, n if m == "NONE" else t if t == padded_sizes[n] or holds_whole_requests(config, sizes, n, t)
+                     else padded_sizes[n]) for n, m, t in ran]
+        else:  # eager unpadded, a graph at one of its sizes that holds the batch (else: the smallest)
+            want = [(n, m, n if m == "NONE" else t if t in sizes and t >= n else padded(sizes, n)) for n, m, t in ran]
+        check.equal(ran, want, source=OWN_POLICY, case=case,
+                    what=f"(num_tokens, mode, padded) of every {kind} batch 1..{counts[-1]}")
+
+
+@pytest.mark.requires("dispatch", "capture_sizes", "vllm_policy")
+@every_q_and_runner
+@given(config=sweep_configs())
+def test_every_batch_size_matches_the_oracle(check, runtime, config):
+    """The same sweep against the harness's oracle: its sizes, and the dispatch of every uniform and
+    mixed batch from 1 to past the largest graph, by the rules of the vLLM release it declares."""
+    config = vllm_rules(runtime, config)
+    try:
+        expected_sizes = oracle.capture_sizes(config)
+    except ValueError as exc:
+        check.rejects(lambda: runtime.capture_sizes(config), source=ORACLE, case=config,
+                      what=f"a config the spec rejects must be rejected ({exc})")
+        return
+    swept = sweep(runtime, config)
+    if swept is None:
+        return
+    sizes, counts, uniform, mixed = swept
+    check.equal(sizes, expected_sizes, source=ORACLE, case=config, what="capture sizes")
+    for kind, batches in (("uniform", uniform), ("mixed", mixed)):
+        got = [(n, reqs, runtime.dispatch(config, n, reqs, kind == "uniform")) for n, reqs in batches]
+        check.equal(got, [(n, reqs, oracle.dispatch(config, n, reqs, kind == "uniform")) for n, reqs in batches],
+                    source=ORACLE, case=config, what=f"dispatch of every {kind} batch 1..{counts[-1]} "
+                                                     "as (num_tokens, num_reqs, dispatch)")
 
 
 def own_resolved(runtime, mode: str) -> str | None:

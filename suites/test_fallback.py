@@ -23,7 +23,16 @@ pytestmark = pytest.mark.requires("execution")
 @pytest.mark.requires("capture_sizes")
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
 def test_at_and_around_the_max_capture_size(check, engines, mode):
-    engine = engines.for_mode(mode)
+    _around_the_max(check, engines, engines.for_mode(mode))
+
+
+@pytest.mark.requires("capture_sizes")
+def test_at_and_around_the_max_of_a_larger_grid(check, engines):
+    """The same on the suites' larger engine, whose maximum is off the steps of its grid."""
+    _around_the_max(check, engines, engines.larger())
+
+
+def _around_the_max(check, engines, engine):
     runtime = engines.runtime
     sizes = runtime.capture_sizes(engine.policy)
     if not sizes:

@@ -113,3 +113,43 @@ def _compare(check, engines, record, anchor, steps_run, label):
                    rows=torch.nonzero(decided & ~same).flatten().tolist())
     record(AnchorRecord(mode=label, dtype=engines.dtype, steps=steps, largest_difference=largest,
                         tolerance=tolerance.value, tokens_compared=compared, tokens_equal=equal))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_at_the_end_of_the_context_match_transformers(check, engines, record, anchor, mode):
+    """Steps whose last token is at max_model_len - 1, the tiny model's last position
+    (harness.scenarios.batches.reaching_the_end): a prefill chunk ending there, decode steps
+    reaching it in the last KV block beside a short request, and a request whose prompt is one token
+    joining them."""
+    from harness.scenarios.batches import reaching_the_end
+
+    engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
+
+    def steps():
+        for requests, history in reaching_the_end(engine, engines.new_id() * 100, engines.max_model_len,
+                                                  engine.policy.max_num_batched_tokens):
+            yield requests, engine.step(requests), anchor.step(requests, history)
+    _compare(check, engines, record, anchor, steps(), f"{mode}, at the end of the context")
+
+
+def test_positions_past_the_models_match_transformers_where_an_engine_runs_them(check, engines, record, anchor):
+    """An engine built with max_model_len one past the checkpoint's max_position_embeddings that
+    does not refuse it (test_context_end.py judges a refusal) computes those positions as
+    transformers does: a prompt of that length prefilled in chunks, every chunk against the anchor."""
+    from harness.expectations import presets
+    from harness.protocol import Request
+
+    positions = presets.preset(engines.preset).max_positions
+    try:
+        engine = engines.get(mode="NONE", capture=False, fresh=True, max_model_len=positions + 1)
+    except ValueError as exc:
+        check.skip(f"it refuses max_model_len {positions + 1} past the model's {positions} positions: {exc}")
+    request_id, budget = engines.new_id(), engines.defaults["max_num_batched_tokens"]
+    sequence = list(prompt(request_id, positions + 1))
+
+    def steps():
+        for start in range(0, positions + 1, budget):
+            requests = [Request(request_id, tuple(sequence[start:start + budget]), start)]
+            yield requests, engine.step(requests), anchor.step(requests, {request_id: sequence[:start]})
+    _compare(check, engines, record, anchor, steps(), "NONE, past the model's positions")
+    engine.release(request_id)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.expectations import kv
-from harness.scenarios.batches import advance, decode_requests, describe_batch, mixed_requests, prefill
+from harness.scenarios.batches import advance, decode_requests, describe_batch, mixed_requests, prefill, prefill_within
 from harness.vocabulary import EAGER, OBSERVED, OWN_POLICY
 
 INVARIANT = "padding isolation"
@@ -91,6 +91,34 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
                      f"padded rows {fill or 'as the engine pads'}", stray_slots=stray[:10], real_slots=sorted(written)[:10])
         for request_id in started:
             engine.release(request_id)
+
+
+@pytest.mark.requires("kv_inspection")
+def test_padded_rows_at_the_top_of_a_larger_grid_are_isolated(check, engines):
+    """On the suites' larger engine, decode batches its grid pads past the default engine's sizes:
+    real rows equal the same step with random padded rows (where the runtime can fill them), and
+    no padded row writes a KV slot."""
+    engine = engines.larger()
+    seats = engine.policy.max_num_seqs
+    seqs = prefill_within(engine, [engines.new_id() for _ in range(seats)], [2 + i % 3 for i in range(seats)],
+                          engine.policy.max_num_batched_tokens)
+    fill = "random" if "random" in engines.runtime.capabilities.padding_fills else None
+    above = engines.defaults["max_num_seqs"]
+    padded = 0
+    for n in [n for n in padded_counts(engines.runtime, engine, seats) if n > above] or [seats]:
+        requests = decode_requests(seqs[:n])
+        before = engine.kv_snapshot()
+        plain = engine.step(requests)
+        stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot(), kv.written_slots(engine, requests))
+        case = f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.padded_num_tokens}"
+        padded += plain.padded_num_tokens > plain.num_tokens
+        check.that(not stray, what="padded rows wrote KV-cache slots", source=OBSERVED, case=case, stray_slots=stray[:10])
+        if fill:
+            filled = engine.step(requests, padding_fill=fill)
+            check.same_bits(filled.logits, plain.logits, source="the same step without the fill", case=case,
+                            what=f"real rows changed when padded rows held {fill!r}")
+    check.that(padded > 0 or not engines.runtime.capabilities.capture_sizes, source=OWN_POLICY,
+               what="none of the larger engine's batches chosen to be padded was padded")
 
 
 @pytest.mark.requires("input_inspection")

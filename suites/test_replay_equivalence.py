@@ -4,7 +4,9 @@ s-1, s, s+1 of the runtime's own sizes, for uniform, mixed and q > 1 verify batc
 batches of q x num_reqs tokens in requests of unequal lengths (which are not uniform); a graph
 engine and an eager engine driven through the same generation agree at every step, and through
 decode steps of one size whose rows change owner (an engine that keeps request rows from step to
-step, as vLLM's persistent batch does, must follow each request to its row).
+step, as vLLM's persistent batch does, must follow each request to its row); one-token prompts join
+decode batches. The suites' larger engine (harness.runtime.observe) runs the boundaries its grid
+adds: the steps of its policy, its largest graph and a maximum off its grid.
 
 Expected values: an eager step of the same runtime at the same shape (of the same engine, or of a
 second engine fed the same steps). The mode each step ran
@@ -13,7 +15,7 @@ is checked against the runtime's own dispatch() on every step (harness.runtime.o
 import pytest
 
 from harness.scenarios.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
-                             prefill, rows_changing_owner, uneven_requests)
+                                      prefill, prefill_within, rows_changing_owner, uneven_requests)
 from harness.vocabulary import EAGER
 
 INVARIANT = "replay equivalence"
@@ -23,19 +25,20 @@ TWIN_EAGER = "an eager step of a second engine of the same runtime and mode, dri
 LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
 
 
-def boundary_counts(runtime, engine) -> list[int]:
-    """s-1, s and s+1 for every capture size s of the engine's resolved policy, within the token
-    budget it was built with (no scheduler sends more: a size at the budget has no s+1)."""
+def boundary_counts(runtime, engine, above: int = 0) -> list[int]:
+    """s-1, s and s+1 for every capture size s above `above` of the engine's resolved policy,
+    within the token budget it was built with (no scheduler sends more: a size at the budget has
+    no s+1)."""
     sizes = runtime.capture_sizes(engine.policy) if runtime.capabilities.capture_sizes else []
     budget = engine.policy.max_num_batched_tokens
-    return sorted({n for s in sizes or range(1, 17) for n in (s - 1, s, s + 1) if 1 <= n <= budget})
+    return sorted({n for s in sizes or range(1, 17) if s > above for n in (s - 1, s, s + 1) if 1 <= n <= budget})
 
 
-def boundary_batches(engines, engine, seqs, q=1):
+def boundary_batches(engines, engine, seqs, q=1, above: int = 0):
     """Uniform batches over the live sequences; batches of q x n tokens in uneven requests (q > 1);
     then mixed ones with one new prompt joining, after two requests leave so the engine never
     holds more than max_num_seqs."""
-    counts = boundary_counts(engines.runtime, engine)
+    counts = boundary_counts(engines.runtime, engine, above)
     for n in counts:
         if n % q == 0 and n // q <= len(seqs):
             yield decode_requests(seqs[: n // q], q), []
@@ -73,6 +76,23 @@ def test_graph_equals_eager_at_every_bucket_boundary(check, engines, mode):
                ran=sorted(ran))
 
 
+def test_graph_equals_eager_at_the_top_of_a_larger_grid(check, engines):
+    """The same on the suites' larger engine (harness.runtime.observe: max_num_seqs past its grid's
+    power-of-two prefix and off its own sizes), at the boundaries the default engine's grid does
+    not reach: the steps of its policy, its largest graph, its maximum and what lies above it."""
+    engine = engines.larger()
+    seats = engine.policy.max_num_seqs
+    seqs = prefill_within(engine, [engines.new_id() for _ in range(seats)], [2 + i % 4 for i in range(seats)],
+                          engine.policy.max_num_batched_tokens)
+    ran = set()
+    for requests, started in boundary_batches(engines, engine, seqs, above=engines.defaults["max_num_seqs"]):
+        ran.add(check_step(check, engine, requests).runtime_mode)
+        for request_id in started:
+            engine.release(request_id)
+    check.that(ran - {"NONE"}, what=f"the larger engine ({engine.resolution.resolved}) ran no batch in a graph",
+               ran=sorted(ran))
+
+
 @pytest.mark.requires("speculative_steps")
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
 def test_graph_equals_eager_for_verify_batches_of_q_tokens(check, engines, mode):
@@ -87,9 +107,11 @@ def test_graph_equals_eager_for_verify_batches_of_q_tokens(check, engines, mode)
 
 def scenario(engine, step, steps=6, q=1):
     """Requests join and leave over several steps; `step(requests)` runs one and returns
-    (logits, padded size, runtime mode). Request ids are fixed so two engines see the same inputs."""
+    (logits, padded size, runtime mode). Request ids are fixed so two engines see the same inputs.
+    At steps 2 and 5 requests whose prompt is one token join a decode batch: every request brings
+    one token, so the batch is uniform although some have no KV yet."""
     live: list[Sequence] = []
-    joins = {0: [4, 7, 2], 1: [5], 3: [3, 3], 4: [6]}
+    joins = {0: [4, 7, 2], 1: [5], 2: [1], 3: [3, 3], 4: [6], 5: [1, 1]}
     leaves = {2: 1, 4: 2}
     trace = []
     for t in range(steps):

@@ -7,7 +7,7 @@ a held output lives as long as the runtime declares.
 """
 import pytest
 
-from harness.scenarios.batches import decode_requests, describe_batch, mixed_requests, prefill
+from harness.scenarios.batches import decode_requests, describe_batch, mixed_requests, prefill, prefill_within
 from harness.reliability.safe import describe_exception
 from harness.vocabulary import EAGER, OBSERVED
 
@@ -85,3 +85,28 @@ def test_held_output_lives_as_declared(check, engines):
     check.same_bits(first.logits, kept, source="a copy taken before the next step",
                     what="a returned output changed after the next step, but the runtime declares that outputs "
                          "do not alias graph buffers (outputs_alias_graph_buffers=False)")
+
+
+@pytest.mark.requires("not outputs_alias_graph_buffers")
+def test_held_outputs_live_across_steps_of_other_sizes(check, engines):
+    """On the larger engine, whose graphs share a memory pool: hold the output of a decode step of
+    each size and run a step of every other size after the largest, and the largest after every
+    other; a held output must keep its values (a graph replayed after another captured later may
+    write where that one keeps its output, on the GPU and on the emulator alike)."""
+    engine = engines.larger()
+    seats = engine.policy.max_num_seqs
+    seqs = prefill_within(engine, [engines.new_id() for _ in range(seats)], [2 + i % 3 for i in range(seats)],
+                          engine.policy.max_num_batched_tokens)
+    sizes = engines.runtime.capture_sizes(engine.policy) if engines.runtime.capabilities.capture_sizes else []
+    batches = sorted({n for n in sizes if n <= seats} | {1, seats})  # requests a decode batch brings
+    largest = batches[-1]
+    pairs = [(largest, n) for n in batches[:-1]] + [(n, largest) for n in batches[:-1]]
+    for held_at, then in pairs:
+        held = engine.step(decode_requests(seqs[:held_at]))
+        kept = held.logits.clone()
+        after = engine.step(decode_requests(seqs[:then]))
+        check.same_bits(held.logits, kept, source="a copy taken before the next step",
+                        case=f"held: {held.runtime_mode} at {held.padded_num_tokens}; then "
+                             f"{after.runtime_mode} at {after.padded_num_tokens}",
+                        what="a returned output changed after a step of another size, but the runtime declares that "
+                             "outputs do not alias graph buffers (outputs_alias_graph_buffers=False)")

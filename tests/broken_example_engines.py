@@ -1,5 +1,6 @@
 """The bucket engine (examples/bucket_engine) with one bug each, of a kind engine authors write;
-tests/test_broken_example_engines.py checks that the suites catch every one.
+tests/test_broken_example_engines.py checks that the suites catch every one. Those that read the
+checkpoint wrong are in tests/broken_example_models.py.
 
 Each is a subclass of the engine (or the runtime) that changes one method, so the rest of the
 engine is the one that passes every suite. `BucketEngine` here is the unbroken runtime.
@@ -166,6 +167,118 @@ class _InterleavedRope(Engine):
 
 
 
+
+
+# -- engines whose bugs need a grid past its powers of two, a one-token prompt, or a shared pool ----
+class _PowerOfTwoLookup(Engine):
+    """Finds its graph at the next power of two (times q) of the batch, as its buckets were before the
+    largest whole batch was added to them: right wherever max_num_seqs is a power of two; at a
+    maximum off the powers (17) there is no such graph, and the full batch runs eager."""
+
+    def bucket(self, num_tokens, num_reqs, uniform):
+        chosen = super().bucket(num_tokens, num_reqs, uniform)
+        if chosen is None:
+            return None
+        return self.q * (1 << (-(-num_tokens // self.q) - 1).bit_length())
+
+
+class _ByExponent(dict):
+    """A dict of graphs keyed by the bit length of the bucket."""
+
+    def __setitem__(self, size, graph):
+        super().__setitem__(size.bit_length(), graph)
+
+    def __getitem__(self, size):
+        return super().__getitem__(size.bit_length())
+
+    def get(self, size, default=None):
+        return default if size is None else super().get(size.bit_length(), default)
+
+
+class _GraphsKeyedByExponent(Engine):
+    """Keeps one graph per power of two, keyed by the bucket's bit length: a maximum off the powers
+    (17) shares its key with 16, the graph captured last answers for both, and a batch of 17 runs
+    in the graph of 16."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.graphs = _ByExponent()
+
+
+class _DecodeGraphSkipsNewRows(Engine):
+    """Hands KV rows out from its free list in the steps it runs eagerly or as prefills; in a decode
+    graph it takes a request it has not seen for one whose row is 0, so a request whose prompt is
+    one token, joining a decode batch, shares row 0 with another request: the step computes the
+    same numbers, the steps after it read each other's KV."""
+
+    _decoding = False
+
+    def step(self, requests, padding_fill=None):
+        self._decoding = self.captured and self.is_uniform(requests)
+        try:
+            return super().step(requests, padding_fill)
+        finally:
+            self._decoding = False
+
+    def row_of(self, request):
+        if self._decoding and request.request_id not in self.rows:
+            self.rows[request.request_id] = 0
+        return super().row_of(request)
+
+
+class _SmallestFirstUncopiedTop(Engine):
+    """When a batch fills its largest graph (nothing padded to strip) it hands that graph's output
+    over as it is, which no other graph's replay writes while the largest is captured first into
+    the shared pool; but it captures smallest first, so the largest graph's output lands in blocks
+    the smaller graphs freed, and their replays overwrite logits the caller holds."""
+
+    def capture_order(self):
+        return sorted(self.sizes)
+
+    def step(self, requests, padding_fill=None):
+        result = super().step(requests, padding_fill)
+        if result.runtime_mode == "FULL" and result.num_tokens == result.padded_num_tokens == max(self.sizes):
+            result.logits = self.graphs[result.padded_num_tokens][1]
+        return result
+
+
+# -- engines wrong only at the end of the context -------------------------------------------------
+class _LastDecodeRefused(Engine):
+    """Its decode path checks a request's length with >= where > was meant: a prefill may fill
+    max_model_len, but a decode (or verify) step that reaches the last position is refused."""
+
+    def check_length(self, request):
+        decoding = request.context_len > 0 and len(request.token_ids) == self.q
+        if decoding and request.context_len + len(request.token_ids) >= self.length:
+            raise ValueError(f"request {request.request_id} would reach max_model_len {self.length}")
+        super().check_length(request)
+
+
+class _NoLengthCheck(Engine):
+    """Never checks a request's length against max_model_len: a token past it indexes past the
+    RoPE table and the KV row (an error on the CPU, other memory on a GPU)."""
+
+    def check_length(self, request):
+        pass
+
+
+class _RopeTableOneShort(Engine):
+    """Builds its RoPE table for max_position_embeddings - 1 positions (arange(n - 1)): the model's
+    last position is past the table."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.cos, self.model.sin = self.model.cos[:-1], self.model.sin[:-1]
+
+
+class _LastSlotNotAttended(Engine):
+    """Keeps the last slot of each KV row as a guard it never attends to: a token at the last
+    position does not see its own key. Graph and eager steps agree; transformers does not."""
+
+    def visible(self, positions):
+        return super().visible(positions) & (self.window < self.length - 1)[None, :]
+
+
 class SilentDowngrade(BucketRuntime):
     """Resolves modes by its rule but drops the warning from resolve_mode()'s answer."""
 
@@ -267,7 +380,16 @@ OutputIsAGraphBuffer = broken("output-is-a-graph-buffer", _OutputIsAGraphBuffer)
 NoAddressCheck = broken("no-address-check", _NoAddressCheck)
 CaptureWritesLiveSlots = broken("capture-writes-live-slots", _CaptureWritesLiveSlots)
 InterleavedRope = broken("interleaved-rope", _InterleavedRope)
+LastDecodeRefused = broken("last-decode-refused", _LastDecodeRefused)
+NoLengthCheck = broken("no-length-check", _NoLengthCheck)
+RopeTableOneShort = broken("rope-table-one-short", _RopeTableOneShort)
+LastSlotNotAttended = broken("last-slot-not-attended", _LastSlotNotAttended)
+PowerOfTwoLookup = broken("power-of-two-lookup", _PowerOfTwoLookup)
+GraphsKeyedByExponent = broken("graphs-keyed-by-exponent", _GraphsKeyedByExponent)
+DecodeGraphSkipsNewRows = broken("decode-graph-skips-new-rows", _DecodeGraphSkipsNewRows)
+SmallestFirstUncopiedTop = broken("smallest-first-uncopied-top", _SmallestFirstUncopiedTop)
 
 MUTANTS = [BucketOffByThree, ReportsDispatchedSize, PaddingSlotZero, StalePaddedRows, GraphKeepsRowTable,
            HostSyncInForward, OutputIsAGraphBuffer, NoAddressCheck, CaptureWritesLiveSlots, InterleavedRope,
-           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot]
+           SilentDowngrade, DeclaresFewerSizes, PaddingWritesAFreeSlot, PowerOfTwoLookup, GraphsKeyedByExponent, DecodeGraphSkipsNewRows,
+           SmallestFirstUncopiedTop, LastDecodeRefused, NoLengthCheck, RopeTableOneShort, LastSlotNotAttended]

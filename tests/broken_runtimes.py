@@ -270,10 +270,27 @@ class DeclaresVllm025AnswersVllm033(ReferenceRuntime):
     capabilities = replace(ReferenceRuntime.capabilities, vllm_version="0.25", data_parallel=False)
 
 
+class V2DecodeKeysPastTheMax(ReferenceRuntime):
+    """vLLM's V2 runner rounds its uniform-decode sizes up to whole requests and keeps those within
+    q x max_num_seqs and its largest size; this one forgets the largest size. Where the token budget
+    or the platform caps the grid below q x max_num_seqs, a decode batch near the top of the grid
+    pads past its largest graph (q > 1, V2 only, FULL decode graphs)."""
+
+    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+        got = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+        q, sizes = config.query_len, self.capture_sizes(config)
+        if (config.runner != "v2" or q == 1 or not uniform or got.runtime_mode == "FULL" or num_active_loras
+                or config.mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") or not sizes or num_tokens > sizes[-1]):
+            return got
+        past = sorted(w for w in (-(-s // q) * q for s in sizes) if sizes[-1] < w <= q * config.max_num_seqs)
+        key = next((w for w in past if w >= num_tokens), None)
+        return got if key is None else p.Dispatch("FULL", p.Descriptor(key, key // q, True))
+
+
 MUTANTS = [
     PaddingOffByOne, PaddingRoundsDown, ClampsAboveMax, MissingOffGridAppend, NoSpeculativeRounding,
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
     V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
-    VagueRejection, DeclaresVllm025AnswersVllm033,
+    VagueRejection, DeclaresVllm025AnswersVllm033, V2DecodeKeysPastTheMax,
 ]

@@ -134,6 +134,35 @@ class SGLangLikeRuntime:
 
 
 # -- the model --------------------------------------------------------------------------------------
+ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.nn.functional.relu,
+               "gelu_pytorch_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+
+
+def rope_inv_freq(hf: dict, head_dim: int) -> torch.Tensor:
+    """Inverse RoPE frequencies from config.json: default, or "llama3" (Llama 3.1 long-context scaling)."""
+    rope = dict(hf.get("rope_scaling") or {}, **(hf.get("rope_parameters") or {}))
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind != "llama3":
+        raise ValueError(f"only default and llama3 RoPE are supported, got {kind!r}")
+    old_len, factor = rope["original_max_position_embeddings"], rope["factor"]
+    lo, hi = rope["low_freq_factor"], rope["high_freq_factor"]
+    out = []
+    for f in inv.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old_len / hi:
+            out.append(f)
+        elif wavelen > old_len / lo:
+            out.append(f / factor)
+        else:
+            smooth = (old_len / wavelen - lo) / (hi - lo)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def rms_norm(x, w, eps):
     variance = x.pow(2).mean(-1, keepdim=True)
     return x * torch.rsqrt(variance + eps) * w
@@ -209,14 +238,13 @@ class SGLangLikeEngine:
         self.heads, self.kv_heads = hf["num_attention_heads"], hf["num_key_value_heads"]
         self.head_dim = hf.get("head_dim") or self.hidden // self.heads
         self.vocab, self.eps = hf["vocab_size"], hf.get("rms_norm_eps", 1e-6)
-        rope = hf.get("rope_parameters") or {}
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"only default RoPE is supported, got {rope.get('rope_type')!r}")
+        if hf.get("hidden_act", "silu") not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}; have {', '.join(ACTIVATIONS)}")
+        self.act = ACTIVATIONS[hf.get("hidden_act", "silu")]
         sd = load_file(str(folder / "model.safetensors"))
         w = {k: v.to(self.device, self.dtype) for k, v in sd.items()}
         self.embed = w["model.embed_tokens.weight"]
-        self.head = w.get("lm_head.weight", self.embed)
+        self.head = self.embed if hf.get("tie_word_embeddings", False) else w["lm_head.weight"]
         self.final_norm = w["model.norm.weight"]
         self.lw = []
         for i in range(self.layers):
@@ -225,8 +253,15 @@ class SGLangLikeEngine:
                 ("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"), ("q", "self_attn.q_proj"),
                 ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.o_proj"),
                 ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"))})
-        inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
-        self.inv_freq = inv.to(self.device)
+            # biases: zero where the config says the projections have none
+            for k, n, on in (("q", "self_attn.q_proj", "attention_bias"), ("k", "self_attn.k_proj", "attention_bias"),
+                             ("v", "self_attn.v_proj", "attention_bias"), ("o", "self_attn.o_proj", "attention_bias"),
+                             ("gate", "mlp.gate_proj", "mlp_bias"), ("up", "mlp.up_proj", "mlp_bias"),
+                             ("down", "mlp.down_proj", "mlp_bias")):
+                b = w[p + n + ".bias"] if hf.get(on, False) else None
+                self.lw[-1][k + "_b"] = b if b is not None else torch.zeros(
+                    self.lw[-1][k].shape[0], dtype=self.dtype, device=self.device)
+        self.inv_freq = rope_inv_freq(hf, self.head_dim).to(self.device)
 
     # -- forward over the static buffers, first n rows (graph-safe: no host syncs) ----------------
     def forward(self, n: int) -> torch.Tensor:
@@ -240,9 +275,9 @@ class SGLangLikeEngine:
         h = self.embed[ids]
         for i, lw in enumerate(self.lw):
             x = rms_norm(h, lw["ln1"], self.eps)
-            q = (x @ lw["q"].T).view(n, self.heads, self.head_dim)
-            k = (x @ lw["k"].T).view(n, self.kv_heads, self.head_dim)
-            v = (x @ lw["v"].T).view(n, self.kv_heads, self.head_dim)
+            q = (x @ lw["q"].T + lw["q_b"]).view(n, self.heads, self.head_dim)
+            k = (x @ lw["k"].T + lw["k_b"]).view(n, self.kv_heads, self.head_dim)
+            v = (x @ lw["v"].T + lw["v_b"]).view(n, self.kv_heads, self.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             self.k_cache[i].index_put_((slots,), k)
@@ -260,9 +295,9 @@ class SGLangLikeEngine:
             scores = scores.masked_fill(~msk[:, :, :, 0].permute(0, 2, 1), float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             attn = torch.einsum("nhl,nlhd->nhd", probs, vals).reshape(n, self.heads * self.head_dim)
-            h = h + attn @ lw["o"].T
+            h = h + attn @ lw["o"].T + lw["o_b"]
             x = rms_norm(h, lw["ln2"], self.eps)
-            h = h + (torch.nn.functional.silu(x @ lw["gate"].T) * (x @ lw["up"].T)) @ lw["down"].T
+            h = h + (self.act(x @ lw["gate"].T + lw["gate_b"]) * (x @ lw["up"].T + lw["up_b"])) @ lw["down"].T + lw["down_b"]
         return rms_norm(h, self.final_norm, self.eps) @ self.head.T
 
     # -- host side: KV blocks and loading the static buffers ---------------------------------------

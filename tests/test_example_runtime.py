@@ -27,7 +27,8 @@ def test_minimal_runtime_passes_what_it_declares(pytester):
     passed = {t["nodeid"].split("::")[0] for t in report["tests"] if t["outcome"] == "passed"}
     assert passed == {f"suites/test_{name}.py" for name in (
         "capture_sizes", "padding", "dispatch", "capture_accounting", "capture_side_effects", "fallback",
-        "launch_overhead", "padding_isolation", "replay_equivalence", "static_addresses", "batch_invariance")}
+        "launch_overhead", "padding_isolation", "replay_equivalence", "static_addresses", "batch_invariance",
+        "context_end")}
     reasons = {t.get("reason", "") for t in report["tests"] if t["outcome"] == "skipped"}
     assert all("runtime 'minimal'" in reason or "benchmarks need CUDA" in reason for reason in reasons), reasons
     for capability in ("vllm_policy", "loads_checkpoint", "kv_inspection", "attention_backends"):

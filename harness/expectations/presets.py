@@ -5,13 +5,47 @@ A preset is a Llama shape; with a seed it is a set of weights: a randomly initia
 tokenizer, no hub). Runtimes that declare `loads_checkpoint` are handed that folder, and the
 numerical anchor (harness.expectations.anchor) computes the expected logits from the same folder with
 transformers' own forward, independently of the engine under test.
+
+No default is left untested: every config field the Llama forward reads is set away from
+transformers' default (`NOT_DEFAULT`, and each preset's shape: head_dim is not hidden / heads,
+fewer key-value heads than heads, an activation other than silu), and the weights transformers
+would initialise to a constant (norm weights to one, biases to zero) are drawn too. An engine that
+ignores a field, or a norm weight, and assumes the common default then computes other numbers
+than transformers. `tests/test_presets.py` holds every preset the anchor runs on to that, and
+`tests/broken_example_engines.py` has an engine per field that uses the default instead.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# The fields every preset sets away from transformers' LlamaConfig defaults (named there in the
+# comments). RoPE is Llama 3.1's scaled kind; its pretraining length is max_positions / factor.
+NOT_DEFAULT = dict(
+    rms_norm_eps=1e-5,  # default 1e-6
+    tie_word_embeddings=True,  # default False: the checkpoint has no lm_head.weight
+    attention_bias=True,  # default False: q, k, v and o projections have biases
+    mlp_bias=True,  # default False: gate, up and down projections have biases
+)
+ROPE = dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0)  # rope_theta: the preset's
+# transformers' LlamaConfig leaves these as they are; each does nothing in an inference forward.
+INERT = {
+    "attention_dropout": "dropout runs in training only",
+    "pretraining_tp": "not read by transformers 5's Llama",
+    "use_cache": "the anchor runs whole sequences without a cache",
+    "pad_token_id": "only zeroes an embedding row at initialisation, which the weights already carry",
+    "bos_token_id": "a tokenizer's concern", "eos_token_id": "a tokenizer's concern",
+    "initializer_range": "scales the weights drawn at initialisation (Preset.init_std); no forward reads it",
+}
+# The presets the numerical anchor runs on (--preset): tiny, and small where an engine cannot run
+# tiny's shapes. Each is held to NOT_DEFAULT by tests/test_presets.py, save what KEPT_AT_DEFAULT says.
+ANCHORED = ("tiny", "small")
+KEPT_AT_DEFAULT = {"small": {"hidden_act": "vLLM runs the anchor on small, and its Llama implements silu only"}}
+WEIGHT_RECIPE = 2  # bump when seeded_model draws weights differently: the checkpoint folder's name changes
 
 
 @dataclass(frozen=True)
@@ -20,15 +54,30 @@ class Preset:
     hidden: int
     heads: int
     kv_heads: int
+    head_dim: int  # never hidden / heads: an engine that derives it from them must fail
     intermediate: int
     vocab: int
-    max_positions: int = 2048
+    max_positions: int
+    hidden_act: str = "gelu_pytorch_tanh"  # default "silu"
+    # The weights' scale (transformers' initializer_range, default 0.02). The tiny model's are larger so
+    # that its attention is sharp enough for a RoPE error to show in the logits.
+    init_std: float = 0.02
+    rope_theta: float = 500_000.0  # default 10000; Llama 3's
 
 
 PRESETS = {
-    "tiny": Preset(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256, max_positions=512),
-    "small": Preset(layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1408, vocab=32000),
-    "medium": Preset(layers=24, hidden=1024, heads=16, kv_heads=8, intermediate=2816, vocab=32000),
+    # max_positions is the suites' max_model_len, so their longest requests reach the model's last position.
+    # Heads 8 wide (a quarter of the cost of 16 in attention); a theta that puts one of their four
+    # frequencies between Llama 3.1's bands, so RoPE's blend runs too.
+    "tiny": Preset(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=8, intermediate=128, vocab=256,
+                   max_positions=128, init_std=0.05, rope_theta=500.0),
+    # The preset vLLM's engine runs the anchor on: its heads stay 64 wide (vLLM's Triton attention refuses
+    # some sizes), and its activation stays silu (KEPT_AT_DEFAULT).
+    "small": Preset(layers=8, hidden=512, heads=16, kv_heads=4, head_dim=64, intermediate=1408, vocab=32000,
+                    max_positions=1024, hidden_act="silu"),
+    # The benchmark lane's alone (no anchor runs on it): its shape is kept so its timings stay comparable.
+    "medium": Preset(layers=24, hidden=1024, heads=16, kv_heads=8, head_dim=64, intermediate=2816, vocab=32000,
+                     max_positions=4096, hidden_act="silu"),
 }
 
 
@@ -38,16 +87,21 @@ def preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def config_fields(name: str) -> dict:
+    """The LlamaConfig keyword arguments of a preset."""
+    p = preset(name)
+    rope = dict(ROPE, rope_theta=p.rope_theta, original_max_position_embeddings=int(p.max_positions // ROPE["factor"]))
+    return dict(vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=p.intermediate,
+                num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
+                head_dim=p.head_dim, max_position_embeddings=p.max_positions, hidden_act=p.hidden_act,
+                rope_parameters=rope, initializer_range=p.init_std, **NOT_DEFAULT)
+
+
 def hf_config(name: str):
     """The transformers LlamaConfig of a preset."""
     from transformers import LlamaConfig
 
-    p = preset(name)
-    return LlamaConfig(
-        vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=p.intermediate, num_hidden_layers=p.layers,
-        num_attention_heads=p.heads, num_key_value_heads=p.kv_heads, max_position_embeddings=p.max_positions,
-        tie_word_embeddings=False,
-    )
+    return LlamaConfig(**config_fields(name))
 
 
 def seeded_model(name: str, seed: int = 0):
@@ -61,7 +115,24 @@ def seeded_model(name: str, seed: int = 0):
         # The CPU generator only: torch.manual_seed would reseed every CUDA device too, which
         # fork_rng(devices=[]) does not put back (harness.reliability.isolation counts that as taint).
         torch.default_generator.manual_seed(seed)
-        return LlamaForCausalLM(config).eval()
+        model = LlamaForCausalLM(config).eval()
+    # transformers starts biases at zero and norm weights at one: an engine that drops either would
+    # compute the same numbers. Drawn from a generator of their own, so the other weights stay as they were.
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if parameter_name.endswith(".bias"):
+                parameter.copy_(noise * config.initializer_range)
+            elif parameter_name.endswith("norm.weight"):
+                parameter.copy_(1 + 0.2 * noise)
+    return model
+
+
+def fingerprint(name: str) -> str:
+    """Names what a checkpoint holds: a changed preset or weight recipe is a new folder, never an old one reused."""
+    text = json.dumps([asdict(preset(name)), config_fields(name), WEIGHT_RECIPE], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) -> Path:
@@ -73,7 +144,7 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
     from importlib import metadata
 
     root = Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
-    folder = root / f"{name}-seed{seed}-transformers{metadata.version('transformers')}"
+    folder = root / f"{name}-seed{seed}-transformers{metadata.version('transformers')}-{fingerprint(name)}"
     if (folder / "config.json").exists():
         return folder
     root.mkdir(parents=True, exist_ok=True)

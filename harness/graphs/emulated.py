@@ -14,6 +14,11 @@ recorded at capture, so static buffers, intermediates and outputs keep their add
 a real graph, Python control flow and Python scalars are frozen at capture, a replaced input
 buffer is never read, and metadata not copied into its buffer is stale.
 
+What a capture allocates lives in a memory pool, the graph's own or one it shares with other
+graphs (`pool=`), and a block the program drops is reused by later allocations of that pool, as
+CUDA's caching allocator does (harness.graphs.pool): graphs sharing a pool replayed out of capture
+order overwrite each other's outputs as on a GPU.
+
 A CUDA capture records kernels without running them, so when the capture ends the emulator
 undoes what running them did: tensors that existed before the capture get back the data they
 had (a KV cache written by the captured step is as it was), and tensors the capture allocated
@@ -28,12 +33,14 @@ kernel in a CUDA graph.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import pool as pools
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
 from .log import LOG
 
@@ -55,6 +62,16 @@ _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__, 
 def _same_device(a: torch.device, b: torch.device | None) -> bool:
     # None means "unchanged"; "cuda" and "cuda:0" name the same device.
     return b is None or (a.type == b.type and None in (a.index, b.index)) or a == b
+
+
+def _map_leaves(tree, fn):
+    """The same nesting of tuples, lists and dicts, each leaf replaced by fn(leaf)."""
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        return kind([_map_leaves(item, fn) for item in tree])
+    if kind is dict:
+        return {key: _map_leaves(item, fn) for key, item in tree.items()}
+    return fn(tree)
 
 
 def _leaves(tree) -> list:
@@ -116,16 +133,23 @@ def _written(func, args, kwargs) -> list[torch.Tensor]:
 class _RecordingMode(TorchDispatchMode):
     """Executes every aten op normally and records (func, args, kwargs, output, fresh outputs).
 
-    Before an op writes into a storage that existed before the capture, a copy of that storage
-    is kept, so the capture can be undone (see CUDAGraph.capture_end).
+    What an op allocates is moved into the capture's memory pool (harness.graphs.pool), and the
+    op is recorded over aliases of pool memory, never over the program's own tensor objects, so
+    that a tensor the program drops frees its block as it would on CUDA. Before an op writes into
+    a storage that existed before the capture, a copy of that storage is kept, so the capture can
+    be undone (see CUDAGraph.capture_end).
     """
 
-    def __init__(self, graph_name: str):
+    def __init__(self, graph_name: str, pool: pools.Pool):
         super().__init__()
         self.graph_name = graph_name
+        self.pool = pool
+        self.new_bytes = 0  # bytes of the blocks this capture added to its pool
         self.ops: list[tuple[Any, tuple, dict, Any, list]] = []
         self.allocated: set[int] = set()  # storages this capture allocated, by data_ptr
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}  # data_ptr -> (storage, before)
+        # id of a tensor the program passed -> (weakref to it, its alias; None: not in pool memory)
+        self._aliases: dict[int, tuple[Any, torch.Tensor | None]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -147,9 +171,47 @@ class _RecordingMode(TorchDispatchMode):
                     self.saved[key] = (storage, storage.clone())
         output = func(*args, **kwargs)
         fresh = _fresh_outputs(args, kwargs, output)
-        self.allocated.update(t.untyped_storage().data_ptr() for _, t in fresh)
-        self.ops.append((func, args, kwargs, output, fresh))
+        with torch._C._DisableTorchDispatch():
+            self._place(fresh)
+            self._watch(output)
+            recorded = _map_leaves((args, kwargs, output), self._recorded)
+            fresh = [(index, self._recorded(tensor)) for index, tensor in fresh]
+        self.ops.append((func, *recorded, fresh))
         return output
+
+    def _place(self, fresh) -> None:
+        """Move each storage the op allocated into a block of the pool (a freed one where one fits)."""
+        moved: dict[int, pools.Block] = {}
+        for _, tensor in fresh:
+            key = tensor.untyped_storage().data_ptr()
+            if not tensor.untyped_storage().nbytes():
+                continue  # holds nothing: no block
+            if key not in moved:
+                moved[key], reused = self.pool.allocate(tensor.untyped_storage())
+                self.new_bytes += 0 if reused else moved[key].nbytes
+                self.allocated.add(moved[key].storage.data_ptr())
+            if moved[key].storage.data_ptr() != key:
+                pools.move(tensor, moved[key])
+            moved[key].use(tensor)  # in use from now: the op's other outputs take other blocks
+
+    @staticmethod
+    def _watch(output) -> None:
+        """Each tensor the op hands the program that lies in pool memory keeps its block in use."""
+        for leaf in _leaves(output):
+            if isinstance(leaf, torch.Tensor) and (block := pools.block_of(leaf)) is not None:
+                block.use(leaf)
+
+    def _recorded(self, leaf):
+        """What the op is recorded over: an alias for the program's tensors in pool memory (held by
+        the graph without keeping the program's object alive), anything else as it is."""
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        known = self._aliases.get(id(leaf))
+        if known is None or known[0]() is not leaf:
+            block = pools.block_of(leaf)
+            recorded = pools.alias(leaf, block) if block is not None else None
+            known = self._aliases[id(leaf)] = (weakref.ref(leaf), recorded)
+        return leaf if known[1] is None else known[1]
 
     def undo(self) -> None:
         """Leave memory as a CUDA capture, which runs nothing, would: storages that existed
@@ -205,16 +267,18 @@ class CUDAGraph:
     def __init__(self, keep_graph: bool = False, name: str = ""):
         self.name = name
         self.num_ops = 0
-        self.held_bytes = 0
+        self.held_bytes = 0  # bytes of pool memory this graph's capture added
         self._steps: list[tuple] | None = None
         self._modes: tuple | None = None
+        self._pool: pools.Pool | None = None  # kept while the graph lives, as CUDA keeps its pool
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         if self._modes is not None:
             raise CaptureError(f"graph {self.name!r}: capture_begin inside its own capture")
         if self._steps is not None:
             raise CaptureError(f"graph {self.name!r} is already captured; reset() it or make a new one")
-        self._modes = (_HostReadGuard(self.name), _RecordingMode(self.name))
+        self._pool = pools.pool_for(pool)
+        self._modes = (_HostReadGuard(self.name), _RecordingMode(self.name, self._pool))
         for mode in self._modes:
             mode.__enter__()
 
@@ -228,12 +292,8 @@ class CUDAGraph:
             recorder.undo()
         if failed:
             return
-        steps = []
-        for func, args, kwargs, op_output, fresh in recorder.ops:
-            self.held_bytes += sum(t.untyped_storage().nbytes() for _, t in fresh)
-            if (step := _replay_step(func, args, kwargs, op_output, fresh)) is not None:
-                steps.append(step)
-        self._steps, self.num_ops = steps, len(steps)
+        steps = [step for op in recorder.ops if (step := _replay_step(*op)) is not None]
+        self._steps, self.num_ops, self.held_bytes = steps, len(steps), recorder.new_bytes
         LOG.captures += 1
         LOG.held_bytes += self.held_bytes
 
@@ -261,28 +321,34 @@ class CUDAGraph:
         self._steps, self.num_ops, self.held_bytes = None, 0, 0
 
     def pool(self) -> tuple[int, int]:
-        return (id(self), 0)
+        """The handle of this graph's memory pool, to capture another graph into it (pool=)."""
+        if self._pool is None:
+            raise RuntimeError(f"graph {self.name!r}: pool() before a capture")
+        return self._pool.handle
 
 
 class graph:
-    """The emulated `torch.cuda.graph` context manager: records the block into `cuda_graph`.
+    """The emulated `torch.cuda.graph` context manager: records the block into `cuda_graph`,
+    allocating from `pool` (a graph_pool_handle() or another graph's pool()) or a private pool.
 
-    `pool`, `stream` and `capture_error_mode` are accepted for the same call to work on both;
-    the emulator has no memory pool or streams.
+    `stream` and `capture_error_mode` are accepted for the same call to work on both; the
+    emulator has no streams.
     """
 
     def __init__(self, cuda_graph: CUDAGraph, pool=None, stream=None, capture_error_mode: str = "global"):
         self.cuda_graph = cuda_graph
+        self.pool = pool
 
     def __enter__(self) -> None:
-        self.cuda_graph.capture_begin()
+        self.cuda_graph.capture_begin(pool=self.pool)
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         self.cuda_graph.capture_end(failed=exc_type is not None)
 
 
 def graph_pool_handle() -> tuple[int, int]:
-    return (0, 0)
+    """A new memory pool for graphs to share (pass it as graph(..., pool=))."""
+    return pools.new_handle()
 
 
 class EmulatedGraph(CapturedGraph):
@@ -301,14 +367,14 @@ class EmulatedGraphBackend(GraphBackend):
     def __init__(self, debug: bool = False):
         super().__init__(debug)
         self._graphs: list[CUDAGraph] = []
+        self._pool = graph_pool_handle()  # one pool for every graph, as the CUDA backend shares one
 
     def _capture(self, fn: Callable[[], Any], name: str, input_addresses: dict[str, InputAddress]) -> EmulatedGraph:
         recorded = CUDAGraph(name=name)
-        with graph(recorded):
+        with graph(recorded, pool=self._pool):
             output = fn()
         self._graphs.append(recorded)
         return EmulatedGraph(self, name, output, input_addresses, recorded)
 
     def pool_stats(self) -> dict:
-        # Every graph keeps its own intermediates alive; unlike the CUDA pool, nothing is shared.
-        return {"bytes": sum(g.held_bytes for g in self._graphs)}
+        return {"bytes": sum(g.held_bytes for g in self._graphs)}  # what each capture added to the shared pool

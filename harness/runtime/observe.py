@@ -8,7 +8,8 @@ and memory counted by the harness itself rather than taken from the runtime's wo
   `vllm_policy`, what the oracle says; and that the graph launches the harness saw match the
   reported mode (FULL: one; PIECEWISE: the pieces per size that capture reported; NONE: none).
 - `EngineFactory` builds engines through the protocol (with the harness's checkpoint for
-  runtimes that load one) and caches them: capture is the costly part.
+  runtimes that load one) and caches them: capture is the costly part. Beside the default size
+  it builds larger engines, whose grid reaches past its power-of-two prefix to a maximum off it.
 """
 from __future__ import annotations
 
@@ -194,6 +195,21 @@ def _device_memory(device: str) -> tuple[int, int] | None:
     return torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
 
 
+LARGER_FROM = 17  # the larger engines' max_num_seqs starts past 16, the top of most default grids
+
+
+def _own_grid(runtime) -> list[int]:
+    """The runtime's own sizes for a wide config, in the first graph mode that has any."""
+    for mode in ("FULL_AND_PIECEWISE", "FULL", "FULL_DECODE_ONLY", "PIECEWISE"):
+        try:
+            sizes = runtime.capture_sizes(PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, mode=mode))
+        except ValueError:
+            continue
+        if sizes:
+            return list(sizes)
+    return []
+
+
 # The benchmark lane's engines (plugin.bench_engines, scripts/step_breakdown.py): a model in
 # bf16, vLLM's default grid (max_num_seqs 256 gives sizes up to 512), a KV cache for every batch.
 BENCHMARK_ENGINE = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=512,
@@ -223,6 +239,7 @@ class EngineFactory:
         self._allocated_before_fresh: int | None = None  # device memory before the test's first fresh build
         self._ids = itertools.count(10_000)
         self._check: Check | None = None
+        self._larger: dict | None = None
 
     def bind(self, check: Check | None) -> None:
         self._check = check
@@ -242,7 +259,7 @@ class EngineFactory:
         return str(presets.checkpoint(self.preset))
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
-               max_num_batched_tokens=None) -> EngineConfig:
+               max_num_batched_tokens=None, max_model_len=None) -> EngineConfig:
         """The engine the suites ask for; with no attention named, the strongest one declared."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
@@ -252,7 +269,7 @@ class EngineFactory:
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
-                            max_model_len=self.max_model_len, kv_tokens=self.kv_tokens,
+                            max_model_len=max_model_len or self.max_model_len, kv_tokens=self.kv_tokens,
                             checkpoint=self.checkpoint())
 
     def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
@@ -273,6 +290,24 @@ class EngineFactory:
                 return engine
             self._engines[key] = engine
         return self._engines[key]
+
+    def larger_policy(self) -> dict:
+        """max_num_seqs and max_num_batched_tokens of the suites' larger engines, beside the default
+        ones (8 and 64, whose grids are powers of two under most policies): the smallest max_num_seqs
+        past 16 that is not one of the runtime's own sizes, so its grid reaches the steps of its
+        policy and ends at a maximum off them, where padding, dispatch at the top and the largest
+        graph behave as they do in service; a budget that holds twice its widest decode batch."""
+        if self._larger is None:
+            own = set(_own_grid(self.runtime)) if self.runtime.capabilities.capture_sizes else set()
+            # A grid with every size from 17 to 64 has no size off it: 17 then.
+            seqs = next((n for n in range(LARGER_FROM, 4 * LARGER_FROM) if n not in own), LARGER_FROM)
+            self._larger = dict(max_num_seqs=seqs,
+                                max_num_batched_tokens=max(self.defaults["max_num_batched_tokens"], 2 * seqs))
+        return self._larger
+
+    def larger(self, mode: str = "FULL_AND_PIECEWISE", **kw) -> ObservedEngine:
+        """The larger engine for a graph mode (larger_policy()), shared like any other."""
+        return self.for_mode(mode, **self.larger_policy(), **kw)
 
     def for_mode(self, mode: str, attention=(), spec: int = 0, fresh: bool = False, capture: bool = True,
                  **kw) -> ObservedEngine:

@@ -44,6 +44,18 @@ def prefill(engine, ids: list[int], lengths: list[int]) -> list[Sequence]:
     return [Sequence(r.request_id, list(r.token_ids)) for r in requests]
 
 
+def prefill_within(engine, ids: list[int], lengths: list[int], budget: int) -> list[Sequence]:
+    """Admit requests as prefill() does, in as many steps as the token budget needs."""
+    seqs, start = [], 0
+    while start < len(ids):
+        stop, tokens = start, 0
+        while stop < len(ids) and tokens + lengths[stop] <= budget:
+            tokens, stop = tokens + lengths[stop], stop + 1
+        seqs += prefill(engine, ids[start:max(stop, start + 1)], lengths[start:max(stop, start + 1)])
+        start = max(stop, start + 1)
+    return seqs
+
+
 def _continue(s: Sequence, n: int) -> Request:
     """The next n tokens of a running sequence."""
     return Request(s.request_id, tuple(token(s.request_id, s.context_len + j) for j in range(n)), s.context_len)
@@ -111,3 +123,30 @@ def describe_batch(requests) -> str:
     tokens = sum(len(r.token_ids) for r in requests)
     lengths = sorted({len(r.token_ids) for r in requests})
     return f"{len(requests)} requests ({decode} continuing), {tokens} tokens, query lengths {lengths}"
+
+
+def reaching_the_end(engine, first_id: int, length: int, budget: int, q: int = 1):
+    """Steps whose last tokens reach the last position an engine holds (length - 1), on each path:
+    a prompt of `length` tokens prefilled in chunks of at most `budget` tokens (its last chunk ends
+    at the last position); a prompt of length - 2 q prefilled, then decode (q = 1) or verify (q > 1)
+    steps of q tokens until it reaches the last position, beside a short request, and, in the first
+    of them, a new request whose prompt is q tokens (the batch stays uniform). Yields (requests,
+    {id: tokens before the step}); the caller runs each step before asking for the next. The
+    requests are released at the end."""
+    short, full, decoding, joining = first_id, first_id + 1, first_id + 2, first_id + 3
+    seqs = {i: Sequence(i) for i in (short, full, decoding, joining)}
+    plan = [[Request(short, prompt(short, 2), 0)]]
+    for i, n in ((full, length), (decoding, length - 2 * q)):
+        plan += [[Request(i, prompt(i, n)[start:start + budget], start)] for start in range(0, n, budget)]
+    for requests in plan:
+        yield requests, {r.request_id: list(seqs[r.request_id].tokens) for r in requests}
+        advance(list(seqs.values()), requests)
+    engine.release(full)
+    while seqs[decoding].context_len < length:
+        running = [seqs[decoding], seqs[short]] + ([seqs[joining]] if seqs[joining].context_len else [])
+        requests = decode_requests(running, q) + ([] if seqs[joining].context_len else
+                                                  [Request(joining, prompt(joining, q), 0)])
+        yield requests, {r.request_id: list(seqs[r.request_id].tokens) for r in requests}
+        advance(list(seqs.values()), requests)
+    for i in (short, decoding, joining):
+        engine.release(i)

@@ -1,7 +1,9 @@
 """A Llama-architecture decoder in plain torch, split into pieces at the attention ops.
 
 The forward is: embed, then per layer [norm, fused QKV, RoPE] -> attention -> [output
-projection, residual, norm, SwiGLU MLP, residual], then final norm and LM head. The parts
+projection, residual, norm, gated MLP, residual], then final norm and LM head. Every config field
+transformers' Llama reads is honoured: head_dim, the key-value heads, rms_norm_eps, RoPE's theta
+and Llama 3.1 scaling, hidden_act, attention and MLP biases, tied embeddings. The parts
 between two attention calls are the *pieces* that PIECEWISE mode captures one graph each for;
 attention itself is a callable the engine passes in (eager between pieces, or inside one FULL
 graph). Weights come from a Hugging Face Llama checkpoint folder (the harness writes one per preset).
@@ -9,6 +11,7 @@ graph). Weights come from a Hugging Face Llama checkpoint folder (the harness wr
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,12 +38,43 @@ def load_checkpoint(checkpoint: str):
     return config, state
 
 
-def rope_theta(config) -> float:
-    # transformers 4.x has config.rope_theta; 5.x moved it into config.rope_parameters.
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    return float(theta)
+def rope_parameters(config) -> dict:
+    """RoPE's settings: transformers 5.x keeps them in config.rope_parameters; 4.x wrote rope_theta
+    and rope_scaling beside the other fields."""
+    parameters = dict(getattr(config, "rope_scaling", None) or {})
+    parameters.update(getattr(config, "rope_parameters", None) or {})
+    parameters.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    parameters.setdefault("rope_type", parameters.get("type", "default"))
+    return parameters
+
+
+def inverse_frequencies(config, head_dim: int) -> torch.Tensor:
+    """RoPE's frequency per pair of dimensions: plain, or scaled as Llama 3.1 does ("llama3")."""
+    rope = rope_parameters(config)
+    frequencies = 1.0 / (float(rope["rope_theta"]) ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    if rope["rope_type"] == "default":
+        return frequencies
+    if rope["rope_type"] != "llama3":
+        raise ValueError(f"RoPE type {rope['rope_type']!r} is not implemented; this decoder has default and llama3")
+    # Llama 3.1: wavelengths shorter than the pretraining length / high_freq_factor keep their
+    # frequency, those longer than it / low_freq_factor are slowed by factor, and between the two
+    # the frequency moves smoothly from one to the other.
+    factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    pretrained = float(rope["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / frequencies
+    blend = ((pretrained / wavelength - low) / (high - low)).clamp(0, 1)
+    scaled = (1 - blend) * frequencies / factor + blend * frequencies
+    return torch.where(wavelength < pretrained / high, frequencies,
+                       torch.where(wavelength > pretrained / low, frequencies / factor, scaled))
+
+
+# The activations of transformers' ACT2FN that a Llama checkpoint may name in hidden_act.
+ACTIVATIONS = {
+    "silu": nn.functional.silu,
+    "gelu": nn.functional.gelu,
+    "gelu_pytorch_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+    "relu": nn.functional.relu,
+}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,7 +90,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Layer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate):
+    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, attention_bias: bool, mlp_bias: bool):
         super().__init__()
         self.input_norm = nn.Parameter(torch.ones(hidden))
         self.post_norm = nn.Parameter(torch.ones(hidden))
@@ -64,6 +98,11 @@ class Layer(nn.Module):
         self.o_proj = nn.Parameter(torch.empty(hidden, heads * head_dim))
         self.gate_up = nn.Parameter(torch.empty(2 * intermediate, hidden))
         self.down = nn.Parameter(torch.empty(hidden, intermediate))
+        # Biases only where the checkpoint's config says the projections have them (None: no bias).
+        self.qkv_bias = nn.Parameter(torch.zeros(self.qkv.shape[0])) if attention_bias else None
+        self.o_bias = nn.Parameter(torch.zeros(hidden)) if attention_bias else None
+        self.gate_up_bias = nn.Parameter(torch.zeros(2 * intermediate)) if mlp_bias else None
+        self.down_bias = nn.Parameter(torch.zeros(hidden)) if mlp_bias else None
 
 
 class Decoder(nn.Module):
@@ -80,15 +119,20 @@ class Decoder(nn.Module):
         self.eps = config.rms_norm_eps
         self.num_layers = config.num_hidden_layers
         self.max_positions = config.max_position_embeddings
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        act = getattr(config, "hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {act!r} is not implemented; this decoder has {', '.join(ACTIVATIONS)}")
+        self.act = ACTIVATIONS[act]
         self.embed = nn.Parameter(torch.empty(self.vocab, self.hidden))
         self.layers = nn.ModuleList(
-            Layer(self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate)
+            Layer(self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
+                  bool(getattr(config, "attention_bias", False)), bool(getattr(config, "mlp_bias", False)))
             for _ in range(self.num_layers)
         )
         self.final_norm = nn.Parameter(torch.ones(self.hidden))
         self.lm_head = nn.Parameter(torch.empty(self.vocab, self.hidden))
-        inv_freq = 1.0 / (rope_theta(config) ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
-        angles = torch.outer(torch.arange(self.max_positions).float(), inv_freq)
+        angles = torch.outer(torch.arange(self.max_positions).float(), inverse_frequencies(config, self.head_dim))
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
@@ -105,22 +149,31 @@ class Decoder(nn.Module):
         with torch.no_grad():
             model.embed.copy_(sd["model.embed_tokens.weight"])
             model.final_norm.copy_(sd["model.norm.weight"])
-            model.lm_head.copy_(sd["lm_head.weight"])
+            # Tied embeddings: the checkpoint has no lm_head.weight; the head is the embedding.
+            model.lm_head.copy_(sd["model.embed_tokens.weight"] if model.tied else sd["lm_head.weight"])
             for i, layer in enumerate(model.layers):
                 p = f"model.layers.{i}."
                 layer.input_norm.copy_(sd[p + "input_layernorm.weight"])
                 layer.post_norm.copy_(sd[p + "post_attention_layernorm.weight"])
-                layer.qkv.copy_(torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+                for kind in ("weight",) + (("bias",) if layer.qkv_bias is not None else ()):
+                    fused = torch.cat([sd[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv"])
+                    (layer.qkv if kind == "weight" else layer.qkv_bias).copy_(fused)
+                for kind in ("weight",) + (("bias",) if layer.gate_up_bias is not None else ()):
+                    fused = torch.cat([sd[p + f"mlp.gate_proj.{kind}"], sd[p + f"mlp.up_proj.{kind}"]])
+                    (layer.gate_up if kind == "weight" else layer.gate_up_bias).copy_(fused)
                 layer.o_proj.copy_(sd[p + "self_attn.o_proj.weight"])
-                layer.gate_up.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]))
                 layer.down.copy_(sd[p + "mlp.down_proj.weight"])
+                if layer.o_bias is not None:
+                    layer.o_bias.copy_(sd[p + "self_attn.o_proj.bias"])
+                if layer.down_bias is not None:
+                    layer.down_bias.copy_(sd[p + "mlp.down_proj.bias"])
         return model
 
     # -- pieces: everything between two attention ops -------------------------------------
     def pre_attention(self, index: int, hidden: torch.Tensor, positions: torch.Tensor):
         """Norm, fused QKV and RoPE of one layer: q [T, H, D], k and v [T, KVH, D]."""
         layer = self.layers[index]
-        qkv = nn.functional.linear(rms_norm(hidden, layer.input_norm, self.eps), layer.qkv)
+        qkv = nn.functional.linear(rms_norm(hidden, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
         qkv = qkv.view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
         # q and k sit side by side in the fused projection: rotate them together (half the kernels).
         qk = qkv[:, : self.heads + self.kv_heads]
@@ -130,11 +183,12 @@ class Decoder(nn.Module):
         return q, k, qkv[:, self.heads + self.kv_heads:]
 
     def post_attention(self, index: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual, norm, SwiGLU MLP, residual."""
+        """Output projection, residual, norm, gated MLP (SwiGLU under silu), residual."""
         layer = self.layers[index]
-        hidden = hidden + nn.functional.linear(attn, layer.o_proj)
-        gate, up = nn.functional.linear(rms_norm(hidden, layer.post_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-        return hidden + nn.functional.linear(nn.functional.silu(gate) * up, layer.down)
+        hidden = hidden + nn.functional.linear(attn, layer.o_proj, layer.o_bias)
+        normed = rms_norm(hidden, layer.post_norm, self.eps)
+        gate, up = nn.functional.linear(normed, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+        return hidden + nn.functional.linear(self.act(gate) * up, layer.down, layer.down_bias)
 
     def first_piece(self, input_ids, positions):
         hidden = self.embed.index_select(0, input_ids)

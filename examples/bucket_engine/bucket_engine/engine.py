@@ -39,6 +39,8 @@ INPUTS = ("token_ids", "positions", "slot_mapping", "kv_rows")  # the static inp
 
 
 class BucketEngine:
+    model_class = Llama  # the model, a part a variant may replace
+
     def __init__(self, config: EngineConfig):
         if config.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
@@ -56,7 +58,7 @@ class BucketEngine:
         self.policy = replace(config.policy, mode=self.resolution.resolved)
         self.q, self.sizes = self.policy.query_len, policy.capture_sizes(self.policy)
         checkpoint = config.checkpoint or presets.checkpoint(config.preset, config.seed)
-        self.model = Llama(checkpoint, DTYPES[config.dtype], self.device)
+        self.model = self.model_class(checkpoint, DTYPES[config.dtype], self.device)
         self.length = config.max_model_len
         if self.length > self.model.max_positions:
             raise ValueError(f"max_model_len {self.length} exceeds the model's {self.model.max_positions} positions")
@@ -64,6 +66,7 @@ class BucketEngine:
         self.sink = self.num_rows * self.length  # the sink row's first slot; the sink row is self.num_rows
         self.padding_slot = self.sink  # what padded tokens write
         m = self.model
+        self.scale = m.head_dim ** -0.5  # attention's softmax scale
         self.cache = torch.zeros(m.num_layers, 2, self.sink + self.length, m.kv_heads, m.head_dim,
                                  dtype=DTYPES[config.dtype], device=self.device)
         max_tokens = max(self.sizes + [policy.batched_tokens(self.policy)])
@@ -94,14 +97,18 @@ class BucketEngine:
         context = (rows[:, None] * self.length + self.window[None, :]).flatten()  # [n * length] slots
         k = keys.index_select(0, context).view(n, self.length, m.kv_heads, m.head_dim)
         v = values.index_select(0, context).view(n, self.length, m.kv_heads, m.head_dim)
-        visible = self.window[None, :] <= positions[:, None]  # [n, length]
+        visible = self.visible(positions)  # [n, length]
         # A slot no token may see can hold anything (NaN in a poisoned sink): zero it, since 0 * NaN is NaN.
         v = v.masked_fill(~visible[:, :, None, None], 0)
         q = q.view(n, m.kv_heads, m.heads // m.kv_heads, m.head_dim)
-        scores = torch.einsum("tkgd,tlkd->tkgl", q, k) * m.head_dim ** -0.5
+        scores = torch.einsum("tkgd,tlkd->tkgl", q, k) * self.scale
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.einsum("tkgl,tlkd->tkgd", probs, v).reshape(n, m.heads * m.head_dim)
+
+    def visible(self, positions: torch.Tensor) -> torch.Tensor:
+        """[tokens, max_model_len]: the slots of its row a token attends to, its own position included."""
+        return self.window[None, :] <= positions[:, None]
 
     # -- capture ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -111,7 +118,7 @@ class BucketEngine:
         self.captured = True
         start, free = time.perf_counter(), self._free_memory()
         pool = self.cg.graph_pool_handle()
-        for size in reversed(self.sizes):  # largest first: smaller graphs reuse its pool
+        for size in self.capture_order():
             self.load([], size)
             self.forward(size)  # warm-up
             graph = self.cg.CUDAGraph()
@@ -124,7 +131,13 @@ class BucketEngine:
         else:  # the emulator says what its graphs hold
             memory = sum(graph.held_bytes for graph, _ in self.graphs.values())
         return CaptureReport({"FULL": len(self.graphs)}, time.perf_counter() - start, memory,
-                             tuple(("FULL", size) for size in reversed(self.sizes)))
+                             tuple(("FULL", size) for size in self.capture_order()))
+
+    def capture_order(self) -> list[int]:
+        """Largest first, into one pool: a capture takes only blocks the earlier ones freed, so the
+        smaller graphs reuse the larger's memory and no graph's output sits where a graph captured
+        before it keeps its intermediates."""
+        return sorted(self.sizes, reverse=True)
 
     def _free_memory(self) -> int | None:
         if self.device.type != "cuda":
@@ -136,8 +149,7 @@ class BucketEngine:
     @torch.inference_mode()
     def step(self, requests, padding_fill: str | None = None) -> StepResult:
         n = sum(len(r.token_ids) for r in requests)
-        uniform = bool(requests) and all(len(r.token_ids) == self.q for r in requests)
-        size = self.bucket(n, len(requests), uniform)
+        size = self.bucket(n, len(requests), self.is_uniform(requests))
         graph = self.graphs.get(size)  # None where the batch runs eager, and before capture
         self.load(requests, size if graph else n, padding_fill)
         with self.poisoned_sink(padding_fill):
@@ -146,6 +158,10 @@ class BucketEngine:
             self.check_addresses()
             graph[0].replay()
             return StepResult(graph[1][:n].clone(), "FULL", n, size)
+
+    def is_uniform(self, requests) -> bool:
+        """A decode (or verify) batch: every request brings q tokens, new requests included."""
+        return bool(requests) and all(len(r.token_ids) == self.q for r in requests)
 
     def bucket(self, num_tokens: int, num_reqs: int, uniform: bool) -> int | None:
         """The graph a batch runs in, by its engine's own dispatch; None: eager."""
@@ -165,9 +181,7 @@ class BucketEngine:
                              f"{len(self.inputs['token_ids'])} (max_num_batched_tokens)")
         columns = [[] for _ in INPUTS]  # token id, position, slot, KV row of every token
         for r in requests:
-            if r.context_len + len(r.token_ids) > self.length:
-                raise ValueError(f"request {r.request_id} would hold {r.context_len + len(r.token_ids)} tokens; "
-                                 f"max_model_len is {self.length}")
+            self.check_length(r)
             if not all(0 <= token < self.model.vocab for token in r.token_ids):
                 raise ValueError(f"request {r.request_id} has a token id outside 0..{self.model.vocab - 1}")
             row = self.row_of(r)
@@ -187,6 +201,13 @@ class BucketEngine:
         for name, column in zip(INPUTS, values):
             self.inputs[name][:size].copy_(column)
         self.last_size = size
+
+    def check_length(self, request) -> None:
+        """A request may hold max_model_len tokens, its last at position max_model_len - 1; one more
+        would write past its KV row, so it is refused before anything is written."""
+        if request.context_len + len(request.token_ids) > self.length:
+            raise ValueError(f"request {request.request_id} would hold {request.context_len + len(request.token_ids)} "
+                             f"tokens; max_model_len is {self.length}")
 
     def padding(self, pad: int, fill: str | None) -> tuple[list[int], list[int]]:
         """Padded rows' token ids and positions. None and "zeros": token 0 at position 0. "random",
