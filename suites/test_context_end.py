@@ -48,7 +48,7 @@ def test_steps_that_reach_the_last_position_equal_eager(check, engines, mode):
     run_to_the_end(check, engines, engines.for_mode(mode))
 
 
-@pytest.mark.requires("speculative")
+@pytest.mark.requires("speculative_steps")
 def test_verify_steps_that_reach_the_last_position_equal_eager(check, engines):
     run_to_the_end(check, engines, engines.for_mode("FULL_AND_PIECEWISE", spec=1), q=2)
 
