@@ -7,8 +7,31 @@ from .modes import CUDAGraphMode
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 PLATFORM_MAX_DEFAULT = 512  # 1024 on SM100 (B200 class)
-RUNNERS = ("v1", "v2")  # vLLM's model runners; vLLM 0.33 runs V2 unless a feature needs V1
-DEFAULT_RUNNER = "v2"
+DEFAULT_RUNNER = "v2"  # vLLM 0.33 runs V2 unless a feature needs V1
+
+
+@dataclass(frozen=True)
+class RunnerRules:
+    """Where vLLM's two model runners differ in graph policy, one rule a field (docs/runners.md)."""
+
+    rounds_sizes_to_q: bool  # with FULL decode graphs and q > 1 the sizes themselves become multiples of q (sizes.py)
+    rounds_decode_keys_to_q: bool  # uniform-decode keys at each size rounded up to whole requests (dispatch.py)
+    smallest_key_that_holds: bool  # dispatch: the smallest key of a mode that holds the batch, not the exact padded key
+    eager_key_keeps_counts: bool  # an eager step's key keeps its request and adapter counts (else the trivial key)
+    lora_case_without_adapters: bool  # without LoRA specialisation a no-adapter case is captured too (lora.py)
+    dp_pads_to_unpadded_max: bool  # data parallel: ranks meet at the largest unpadded size, not the largest padded
+    dp_uniform_only_if_all: bool  # data parallel: a rank stays uniform only if every rank is
+    dp_keeps_counts: bool  # data parallel: each rank re-dispatches its own request count, in any mode it holds
+
+
+RUNNERS = {
+    "v1": RunnerRules(rounds_sizes_to_q=True, rounds_decode_keys_to_q=False, smallest_key_that_holds=False,
+                      eager_key_keeps_counts=False, lora_case_without_adapters=False, dp_pads_to_unpadded_max=False,
+                      dp_uniform_only_if_all=False, dp_keeps_counts=False),
+    "v2": RunnerRules(rounds_sizes_to_q=False, rounds_decode_keys_to_q=True, smallest_key_that_holds=True,
+                      eager_key_keeps_counts=True, lora_case_without_adapters=True, dp_pads_to_unpadded_max=True,
+                      dp_uniform_only_if_all=True, dp_keeps_counts=True),
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +72,11 @@ class PolicyConfig:
         if self.capture_sizes is not None:
             for size in self.capture_sizes:
                 _check_int("capture_sizes", size, minimum=1)
+
+    @property
+    def rules(self) -> RunnerRules:
+        """The rules of the model runner this config names."""
+        return RUNNERS[self.runner]
 
     @property
     def query_len(self) -> int:

@@ -60,13 +60,14 @@ def lowest(ranks: list[Shared]) -> CUDAGraphMode:
 def graph_size(dispatcher: Dispatcher, ranks: list[Shared]) -> int:
     """The size every rank re-dispatches at under a graph mode: V2 the largest unpadded size, V1
     the largest padded one."""
-    return max(r.num_tokens if dispatcher.config.runner == "v2" else r.size for r in ranks)
+    unpadded = dispatcher.config.rules.dp_pads_to_unpadded_max
+    return max(r.num_tokens if unpadded else r.size for r in ranks)
 
 
 def graph_uniform(dispatcher: Dispatcher, own: Shared, ranks: list[Shared], size: int) -> bool:
     """Whether a rank re-dispatches as uniform: V2 only if every rank is; V1 keeps its own
     uniformity where the size still divides into whole requests."""
-    if dispatcher.config.runner == "v2":
+    if dispatcher.config.rules.dp_uniform_only_if_all:
         return all(r.uniform for r in ranks)
     return own.uniform and size % dispatcher.config.query_len == 0
 
@@ -74,15 +75,15 @@ def graph_uniform(dispatcher: Dispatcher, own: Shared, ranks: list[Shared], size
 def runs(dispatcher: Dispatcher, ranks: list[Shared], mine: int, num_reqs: int | None
          ) -> tuple[CUDAGraphMode, BatchDescriptor]:
     """What rank `mine` runs once every rank has shared."""
-    own, agreed = ranks[mine], lowest(ranks)
+    own, agreed, keeps_counts = ranks[mine], lowest(ranks), dispatcher.config.rules.dp_keeps_counts
     only = frozenset({agreed})
     if agreed is CUDAGraphMode.NONE:  # no padding across ranks: V2 unpadded, V1 at its own dispatch's size
-        if dispatcher.config.runner == "v2":
+        if keeps_counts:
             return dispatcher.lookup(own.num_tokens, num_reqs, own.uniform, allowed_modes=only)
         return dispatcher.dispatch(own.size, None, False, allowed_modes=only)
     size = graph_size(dispatcher, ranks)
     uniform = graph_uniform(dispatcher, own, ranks, size)
-    if dispatcher.config.runner == "v2":
+    if keeps_counts:
         return dispatcher.lookup(size, num_reqs, uniform)
     return dispatcher.dispatch(size, None, uniform, allowed_modes=only)
 

@@ -81,7 +81,7 @@ class Dispatcher:
         (vLLM's CudaGraphManager._init_candidates).
         """
         q, most = self.config.query_len, self.config.query_len * self.config.max_num_seqs
-        if self.config.runner == "v1":
+        if not self.config.rules.rounds_decode_keys_to_q:
             return [s for s in self.sizes if q <= s <= most and s % q == 0]
         rounded = {-(-s // q) * q for s in self.sizes}
         return sorted(s for s in rounded if s <= min(most, self.table.max_size))
@@ -127,8 +127,8 @@ class Dispatcher:
                allowed_modes: frozenset[CUDAGraphMode] = ALL_RUNTIME_MODES) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """dispatch() without checking that the counts describe one batch: data-parallel ranks
         re-dispatch their own request count at another rank's token count (data_parallel.py)."""
-        loras = effective_active_loras(self.config, num_active_loras)
-        if self.config.runner == "v1":
+        loras, rules = effective_active_loras(self.config, num_active_loras), self.config.rules
+        if not rules.eager_key_keeps_counts:
             unpadded = BatchDescriptor(num_tokens)  # vLLM's trivial key: an eager step is not keyed
         else:
             if num_reqs is None:  # V2 always knows the count; unsaid, it is the most the batch can hold
@@ -141,7 +141,7 @@ class Dispatcher:
             or allowed_modes <= {CUDAGraphMode.NONE}
         ):
             return CUDAGraphMode.NONE, unpadded
-        if self.config.runner == "v2":
+        if rules.smallest_key_that_holds:
             for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
                 key = self._smallest_key(mode, num_tokens, loras)
                 if mode in allowed_modes and key is not None and _holds(key, num_reqs, uniform):

@@ -34,7 +34,7 @@ def lora_cases(config: PolicyConfig) -> list[int]:
         return [0]
     if config.specialize_lora:
         return [0] + captured_lora_counts(config.max_loras, config.specialize_active_loras)
-    return [config.max_loras + 1] if config.runner == "v1" else [0, config.max_loras + 1]
+    return ([0] if config.rules.lora_case_without_adapters else []) + [config.max_loras + 1]
 
 
 def effective_active_loras(config: PolicyConfig, num_active_loras: int) -> int:

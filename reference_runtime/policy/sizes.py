@@ -36,7 +36,8 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
     else:
         sizes = _default_sizes(config)
     # Only the V1 runner rounds the sizes themselves; V2 rounds its decode keys instead (dispatch.py).
-    if sizes and config.runner == "v1" and config.mode.decode_mode() is CUDAGraphMode.FULL and config.query_len > 1:
+    if sizes and config.rules.rounds_sizes_to_q and config.mode.decode_mode() is CUDAGraphMode.FULL \
+            and config.query_len > 1:
         sizes = _round_to_query_len(sizes, config.query_len)
     return sizes
 
