@@ -14,7 +14,7 @@ import pytest
 
 from harness import checks
 from harness.protocol import Capabilities
-from harness.reliability import robustness
+from harness.reliability import robustness, supervisor
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
@@ -58,6 +58,17 @@ def pytest_addoption(parser):
                     help="fail a test phase (setup, call, teardown) that runs longer than this; one blocked in native "
                          "code ends the process after a grace period, with its stacks and a report "
                          "(default %(default)s; 0 turns it off)")
+    group.addoption("--no-supervisor", action="store_true",
+                    help="run the session in the pytest process itself, not in a child it forks and watches "
+                         "(for a debugger that follows the first process); a process that dies then leaves no "
+                         "report of which test it was running (docs/reliability.md)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A plain run's tests run in a child that the pytest process watches, so a death is reported
+    (harness.reliability.supervisor); None here means the session runs in this process."""
+    return supervisor.supervise(config)
 
 
 class Conformance:

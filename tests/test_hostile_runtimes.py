@@ -37,18 +37,27 @@ def importable_from_anywhere(monkeypatch):
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the native hangs lock a pthread mutex through libc")
 
 
-def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False, conftest: str = ""):
+def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False, conftest: str = "",
+        supervised: bool = False, fails: bool = True):
     """Run `tests` against `runtime` (a class in tests/hostile_runtimes.py, or the name of one a
-    conftest registers); return (result, {test name: its JSON entry}, the JSON report)."""
+    conftest registers); return (result, {test name: its JSON entry}, the JSON report).
+    `supervised`: in a subprocess that is a run of its own, as a user's is (pytest run from a test
+    leaves crashes to the test's own session, PYTEST_CURRENT_TEST says so)."""
     pytester.makepyfile(test_inner=textwrap.dedent(tests))
     if conftest:
         pytester.makeconftest(textwrap.dedent(conftest))
     spec = f"tests.hostile_runtimes:{runtime}" if hasattr(hostile_runtimes, runtime) else runtime
     argv = [*PLUGIN, "--runtime", spec, "--report-dir", "out", "-p", "no:cacheprovider", *args]
-    result = (pytester.runpytest_subprocess(*argv) if subprocess
-              else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
+    current = os.environ.pop("PYTEST_CURRENT_TEST") if supervised else None
+    try:
+        result = (pytester.runpytest_subprocess(*argv) if subprocess or supervised
+                  else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
+    finally:
+        if current is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = current
     output = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in output and result.ret != 0  # every run here has something to fail
+    assert "INTERNALERROR" not in output
+    assert (result.ret != 0) == fails, output[-3000:]  # a run with something to fail fails
     data = json.loads((pytester.path / "out" / f"conformance-{_name(runtime)}.json").read_text())
     assert all(entry.get("reason") for entry in data["tests"] if entry["outcome"] != "passed"), data["tests"]
     tests = {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in data["tests"]}
