@@ -243,16 +243,18 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
             runtime.padded_size(PolicyConfig(), 5)
         def test_never_reached(runtime):
             pass
-    """, "--test-timeout", "2", "-p", "no:xdist", subprocess=True, conftest=MEMORY_LIMIT)
+    """, "--test-timeout", "2", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
     assert result.ret == 1
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
-                               "test_then_blocks_in_c": "failed"}
+                               "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}
     assert "MemoryError" in tests["test_exhausts_memory"]["reason"]
     assert "timed out: call still running" in tests["test_then_blocks_in_c"]["reason"]
     assert "native code" in tests["test_then_blocks_in_c"]["reason"]
+    assert "during test_inner.py::test_then_blocks_in_c" in tests["test_never_reached"]["reason"]
     assert data["complete"] is False
     result.stderr.fnmatch_lines(["*cudagraph-conformance watchdog*", "*test_then_blocks_in_c*blocked in native code*",
                                  "*in _deadlock*", "Ending the process (exit code 1)*"])
+    result.stdout.fnmatch_lines(["*test_then_blocks_in_c* (call) was running when timed out*"])
     record_property("caught_by", ["robustness: frames freed on MemoryError", "watchdog: report flushed, process ended"])
 
 

@@ -32,6 +32,7 @@ from harness.reliability.safe import bounded, describe_exception, safe_repr
 
 SUPPORTED = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 SETTLE_S = 0.5  # a process the test was ending when it returned gets this long to go by itself
+AFTER_EXIT_S = 3.0  # helpers that end with their parent (a multiprocessing fork server) get this long after it
 TERM_GRACE_S = 1.0  # between SIGTERM and SIGKILL
 SHOWN = 8  # leftovers named in one failure; the rest are counted
 _PR_SET_CHILD_SUBREAPER = 36
@@ -203,6 +204,24 @@ def harness_owned(what: str):
             _HARNESS_OWNED[key] = what
 
 
+def settled(found: Callable[[], dict[Key, "Process"]], seconds: float) -> dict[Key, "Process"]:
+    """What `found()` still lists after up to `seconds` of letting processes end by themselves."""
+    left, deadline = found(), time.monotonic() + seconds
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = found()
+    return left
+
+
+def descends_from(process: Process, pids: set[int]) -> bool:
+    current, depth = process, 0
+    while current is not None and depth < 64:
+        if current.pid in pids:
+            return True
+        current, depth = (read(current.ppid) if current.ppid > 1 else None), depth + 1
+    return False
+
+
 def describe(process: Process) -> str:
     """Its pid, parent and command line: read while it runs (an ended process has none)."""
     return f"pid {process.pid} (parent {process.ppid}): {process.command()!r}"
@@ -303,10 +322,15 @@ class ProcessWatch:
                     "started, and a helper is one the runtime started"]
         return []
 
-    def end_of_session(self) -> list[str]:
-        """End every process this session started and nobody ended (the harness's own excepted): one
-        line each, declared helpers marked so."""
-        left = [p for key, p in self._scan().items() if key not in self.at_start and key not in _HARNESS_OWNED]
+    def end_of_session(self, settle: float = 0.0, spare: set[int] = frozenset()) -> list[str]:
+        """End every process this session started and nobody ended (the harness's own excepted, and
+        `spare` and what descends from them), after up to `settle` seconds of letting them end by
+        themselves: one line each, declared helpers marked so."""
+        def found():
+            return {key: p for key, p in self._scan().items() if key not in self.at_start
+                    and key not in _HARNESS_OWNED and not descends_from(p, set(spare))}
+
+        left = list(settled(found, settle).values())
         if not left:
             return []
         kept = {p.key for p in left if self._kept(p)}

@@ -57,12 +57,6 @@ class RaisedInterrupt(Exception):
     """A KeyboardInterrupt that no Ctrl-C caused: raised by the code under test, it ends its test only."""
 
 
-class TestTimeout(TimeoutError):
-    """A test phase ran past --test-timeout (SIGALRM)."""
-
-    __test__ = False  # a name pytest would otherwise collect
-
-
 def cuda_probe() -> str | None:
     """What failed when a one-element kernel and a synchronize ran; None where they worked or where
     no CUDA context exists to judge (torch not imported, or CUDA never initialised)."""
@@ -88,6 +82,7 @@ class Robustness:
         self.poisoned: tuple[str, str, str] | None = None  # (test, what it raised, what the probe saw)
         self.ctrl_c = False  # a real SIGINT arrived (a person pressed Ctrl-C)
         self.watchdog: Watchdog | None = None
+        self.expired = False  # SIGALRM fired during the current phase
         self._saved_handlers: dict = {}
         self._stderr_fd: int | None = None
         self.tests_run_here = role(config) != "controller"
@@ -140,14 +135,9 @@ class Robustness:
     @contextmanager
     def _phase(self, item, when: str):
         previous = self._arm(item.nodeid, when, kind_of(item))
+        self.expired = False
         try:
             yield
-        except TestTimeout:
-            kind = kind_of(item)
-            if kind is not None:
-                self.hangs.hung(Hang(item.nodeid, when, self.timeout, kind))
-                item.stash[HUNG] = True
-            raise
         except KeyboardInterrupt as exc:
             if self.ctrl_c:
                 raise
@@ -159,6 +149,9 @@ class Robustness:
             raise
         finally:
             self._disarm(previous)
+            if self.expired and kind_of(item) is not None:  # SIGALRM fired in this phase: a hang
+                self.hangs.hung(Hang(item.nodeid, when, self.timeout, kind_of(item)))
+                item.stash[HUNG] = True
 
     def _arm(self, nodeid: str, when: str, kind: str | None):
         if not self.timeout:
@@ -166,8 +159,9 @@ class Robustness:
         previous = None
         if _main_thread() and hasattr(signal, "SIGALRM"):
             def expire(signum, frame):
-                raise TestTimeout(f"test ran past --test-timeout={self.timeout:g} s in {when} "
-                                  f"(runtime {self.runtime_name!r})")
+                self.expired = True
+                raise TimeoutError(f"test ran past --test-timeout={self.timeout:g} s in {when} "
+                                   f"(runtime {self.runtime_name!r})")
 
             handler = signal.signal(signal.SIGALRM, expire)
             outer, _ = signal.setitimer(signal.ITIMER_REAL, self.timeout)

@@ -183,11 +183,7 @@ class Supervisor:
 
     def _end_leftovers(self) -> list[str]:
         """What outlived the child (its descendants come back here): given a moment, then ended."""
-        left = processes.descendants()
-        deadline = time.monotonic() + processes.SETTLE_S
-        while left and time.monotonic() < deadline:  # helpers that end with their parent, ending
-            time.sleep(0.02)
-            left = processes.descendants()
+        left = processes.settled(processes.descendants, processes.AFTER_EXIT_S)
         lines = processes.end_and_describe(list(left.values()))
         while True:  # everything that ended here is reaped here: nobody else waits for it
             try:

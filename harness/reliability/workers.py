@@ -141,7 +141,9 @@ class WorkerWitness:
             sock.close()
         self.listener.close()
         shutil.rmtree(self.directory, ignore_errors=True)
-        ended = self.ended_by_workers + self.watch.end_of_session()  # after xdist tore its workers down
+        # After xdist tore its workers down; one still exiting is left to execnet, which waits for it.
+        workers = {seen.pid for _, seen in self.workers if seen.pid}
+        ended = self.ended_by_workers + self.watch.end_of_session(processes.AFTER_EXIT_S, spare=workers)
         terminal = config.pluginmanager.get_plugin("terminalreporter")
         if ended and terminal is not None:
             terminal.write_line(f"cudagraph-conformance: ended {len(ended)} process(es) left running when the "

@@ -137,9 +137,9 @@ def nan_rows(logits) -> str | None:
     """NaN in real rows: never right (on the emulator, NaN is memory a graph read before anything wrote it)."""
     import torch
 
-    rows = torch.isnan(logits).any(dim=1).nonzero().flatten().tolist() if logits.numel() else []
-    if not rows:
+    if not logits.numel() or not bool(torch.isnan(logits).any()):
         return None
+    rows = torch.isnan(logits).any(dim=1).nonzero().flatten().tolist()
     return (f"returned NaN in the logits of {len(rows)} of {logits.shape[0]} real rows (first: row {rows[0]}); "
             "a real token's logits are never NaN (NaN from padded rows must not reach them; on the graph "
             "emulator, NaN is memory a graph read before anything wrote it)")
