@@ -8,8 +8,10 @@ the wrong kind failed at the protocol boundary, and command-line tools quiet on 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -289,3 +291,26 @@ def test_a_tool_that_meets_a_closed_pipe_exits_141_without_a_traceback():
     assert closed_pipe([sys.executable, "-c", program]) == pipes.EXIT_STATUS
     assert json.loads(subprocess.run([sys.executable, "-c", program.replace("'x' * 100000", "'[1]'")], cwd=ROOT,
                                      capture_output=True, text=True).stdout) == [1]
+
+
+# -- ending processes by pid, safely ---------------------------------------------------------------
+def test_a_process_that_ignores_sigterm_is_killed():
+    child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 120 & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while not sleepers() and time.monotonic() < deadline:  # its trap is set once its sleep has started
+            time.sleep(0.02)
+        mine = [p for p in processes.descendants().values() if p.pid == child.pid]
+        assert processes.end(mine, grace=0.2) == {mine[0].key: "ended by SIGKILL (it outlived SIGTERM)"}
+    finally:
+        child.kill()
+        child.wait()
+        processes.end(list(processes.descendants().values()))
+
+
+def test_a_record_whose_pid_names_another_process_now_is_never_signalled():
+    """A pid reused by another process (here: this one, with another start time) is left alone."""
+    me = processes.read(os.getpid())
+    stale = processes.Process(me.pid, me.ppid, me.start + 1, "S")
+    assert processes.end([stale]) == {stale.key: "had already exited"}
+    assert processes.alive(me)

@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -129,13 +130,13 @@ class Robustness:
         client = self.config.pluginmanager.get_plugin(CLIENT)
         if client is not None:
             hang = Hang(nodeid, when, self.timeout, kind, "the watchdog ended the process") if kind else None
-            client.note(nodeid, when, reason, hang=hang and hang.__dict__)
+            client.note(nodeid, when, reason, hang=asdict(hang) if hang else None)
 
     # -- every phase: bounded in time, a raised KeyboardInterrupt ends only the test ----------
     @contextmanager
     def _phase(self, item, when: str):
-        previous = self._arm(item.nodeid, when, kind_of(item))
         self.expired = False
+        previous = self._arm(item.nodeid, when, kind_of(item))
         try:
             yield
         except KeyboardInterrupt as exc:
