@@ -8,9 +8,12 @@ tests that never ran are listed as "not run" with the reason, `complete` is fals
 status is 1 (tests failed). It also ends whatever the child left running. When the child finished
 its session, the parent exits with the child's status and says nothing.
 
-Not supervised: xdist runs (the controller is the workers' witness), a session inside another
-session's test (pytester, or pytest run from a test: PYTEST_CURRENT_TEST is set), runs that run no
-test (--collect-only, --help, ...), platforms without fork or file-descriptor passing, and
+Supervised: pytest started from the command line (`pytest`, `python -m pytest`). Not supervised:
+xdist runs (the controller is the workers' witness); `pytest.main()` called by a program (the
+child would return into the program too); a run measured by coverage.py (each process writes its
+data as it exits, and the parent's would replace the child's); a session inside another session's
+test (pytester, or pytest run from a test: PYTEST_CURRENT_TEST is set); runs that run no test
+(--collect-only, --help, ...); platforms without fork or file-descriptor passing; and
 `--no-supervisor` (a debugger that should follow the pytest process itself).
 The parent ignores Ctrl-C (the terminal sends it to the child too) and passes SIGTERM, SIGHUP and
 SIGQUIT on to the child.
@@ -40,7 +43,20 @@ def wanted(config) -> bool:
     quiet_runs = ("help", "version", "collectonly", "showfixtures", "show_fixtures_per_test", "markers")
     return (hasattr(os, "fork") and hasattr(socket, "send_fds") and role(config) == "plain"
             and not config.getoption("no_supervisor", False) and "PYTEST_CURRENT_TEST" not in os.environ
-            and not any(getattr(option, name, False) for name in quiet_runs))
+            and not any(getattr(option, name, False) for name in quiet_runs)
+            and _from_the_command_line() and not _measured_by_coverage())
+
+
+def _from_the_command_line() -> bool:
+    """`pytest` or `python -m pytest`, not a program that calls pytest.main() and goes on after it."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return script.name in ("pytest", "py.test") or (script.name == "__main__.py" and script.parent.name == "pytest")
+
+
+def _measured_by_coverage() -> bool:
+    coverage = sys.modules.get("coverage")
+    current = getattr(getattr(coverage, "Coverage", None), "current", None)
+    return callable(current) and current() is not None
 
 
 def supervise(config) -> int | None:
