@@ -142,7 +142,7 @@ class Supervisor:
 
     def _crash_report(self, ending: Ending) -> dict:
         seen, timeout = self.seen, float(self.config.getoption("test_timeout", 0) or 0)
-        elapsed = time.monotonic() - seen.started if seen.started is not None else None
+        elapsed = time.time() - seen.started if seen.started is not None else None
         stopped = self.stopped_by is not None
         if seen.crash is not None:  # the harness's own word: the watchdog ended a hang
             nodeid, phase, why = seen.crash["nodeid"], seen.crash["when"], seen.crash["reason"]

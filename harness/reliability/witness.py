@@ -88,7 +88,7 @@ class Client:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        self.send({"start": item.nodeid, "kind": kind_of(item)})
+        self.send({"start": item.nodeid, "kind": kind_of(item), "at": time.time()})
 
     # Not wrappers: these run inside pytest's capture, when fds 1 and 2 are its capture files.
     @pytest.hookimpl(tryfirst=True)
@@ -140,7 +140,7 @@ class Witnessed:
         self.running: str | None = None
         self.kind: str | None = None
         self.phase: str | None = None
-        self.started: float | None = None  # time.monotonic() when the running test started
+        self.started: float | None = None  # time.time() when the running test started, in its process
         self.crash: dict | None = None  # the harness's own word before it ended the process
         self.collected: list[str] = []
         self.header: dict | None = None
@@ -184,7 +184,7 @@ class Witnessed:
             self._pending_fds = []
         elif "start" in message:
             self.running, self.kind, self.phase, self.started = message["start"], message.get("kind"), None, \
-                time.monotonic()
+                message.get("at")
         elif "phase" in message:
             self.phase = message["phase"]
         elif "end" in message:

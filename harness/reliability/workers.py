@@ -93,7 +93,7 @@ class WorkerWitness:
         worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
         seen = next((w for _, w in reversed(self.workers) if w.worker == worker), None) or Witnessed()
         ending = _peek(seen.pid)
-        elapsed = time.monotonic() - seen.started if seen.started is not None and seen.running == crashitem else None
+        elapsed = time.time() - seen.started if seen.started is not None and seen.running == crashitem else None
         phase = seen.phase if seen.running == crashitem else None
         crash = seen.crash if seen.crash and seen.crash.get("nodeid") == crashitem else None
         if crash is not None:
