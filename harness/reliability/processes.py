@@ -213,13 +213,18 @@ def settled(found: Callable[[], dict[Key, "Process"]], seconds: float) -> dict[K
     return left
 
 
+def ancestors(process: Process):
+    """Its parent, its parent's parent, ... below init (64 at most)."""
+    current = read(process.ppid) if process.ppid > 1 else None
+    for _ in range(64):
+        if current is None:
+            return
+        yield current
+        current = read(current.ppid) if current.ppid > 1 else None
+
+
 def descends_from(process: Process, pids: set[int]) -> bool:
-    current, depth = process, 0
-    while current is not None and depth < 64:
-        if current.pid in pids:
-            return True
-        current, depth = (read(current.ppid) if current.ppid > 1 else None), depth + 1
-    return False
+    return process.pid in pids or any(a.pid in pids for a in ancestors(process))
 
 
 def describe(process: Process) -> str:
@@ -287,15 +292,7 @@ class ProcessWatch:
 
     def _kept(self, process: Process) -> bool:
         """Declared by the runtime, or a descendant of a declared helper (its pool's own workers)."""
-        if process.key in self.declared:
-            return True
-        parents = {p.pid: p for p in self.declared.values()}
-        current, seen = read(process.ppid), 0
-        while current is not None and seen < 64:
-            if current.pid in parents and parents[current.pid].start == current.start:
-                return True
-            current, seen = read(current.ppid) if current.ppid > 1 else None, seen + 1
-        return False
+        return process.key in self.declared or any(a.key in self.declared for a in ancestors(process))
 
     def _declare(self) -> list[str]:
         """Ask the runtime which processes it keeps; [] or what was wrong with its answer."""
@@ -328,7 +325,7 @@ class ProcessWatch:
         themselves: one line each, declared helpers marked so."""
         def found():
             return {key: p for key, p in self._scan().items() if key not in self.at_start
-                    and key not in _HARNESS_OWNED and not descends_from(p, set(spare))}
+                    and key not in _HARNESS_OWNED and not descends_from(p, spare)}
 
         left = list(settled(found, settle).values())
         if not left:
