@@ -1,7 +1,8 @@
 """Hostile runtimes: each does, through the protocol, something a third-party runtime must not be
-able to do to the harness (docs/reliability.md). tests/test_hostile_runtimes.py runs the harness
-against each and checks that the run ends by itself, fails what they did with a reason, and
-reports every test.
+able to do to the harness (docs/reliability.md). tests/test_hostile_runtimes.py (sections 1-5) and
+tests/test_hostile_processes.py (6-9: processes left running, a process that dies, hangs in every
+step, answers of the wrong kind) run the harness against each and check that the run ends by
+itself, fails what they did with a reason, and reports every test.
 
 Each has one hostility per protocol operation, so a self-test picks the hostility by calling
 that operation. Where one operation carries several (wrong answers, taint), the self-test names
