@@ -210,11 +210,14 @@ class Supervisor:
         return lines
 
     def _say(self, message: str, left: list[str], summary: Counter | None = None) -> None:
-        out = sys.stdout
-        out.write(f"\n{' cudagraph-conformance: the test process ended ':=^100}\n{message}\n")
+        text = f"\n{' cudagraph-conformance: the test process ended ':=^100}\n{message}\n"
         if left:
-            out.write(f"it left {len(left)} process(es) running, ended now:\n    " + "\n    ".join(left) + "\n")
+            text += f"it left {len(left)} process(es) running, ended now:\n    " + "\n    ".join(left) + "\n"
         if summary:
             counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(summary.items()))
-            out.write(f"{' ' + counts + ' ':=^100}\n")
-        out.flush()
+            text += f"{' ' + counts + ' ':=^100}\n"
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError:  # the reader of our output went away (`pytest ... | head`); the report has it all
+            pass
