@@ -14,7 +14,7 @@ import pytest
 
 from harness import checks
 from harness.protocol import Capabilities
-from harness.reliability import robustness, supervisor
+from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
@@ -36,6 +36,8 @@ def pytest_addhooks(pluginmanager):
 def pytest_cmdline_main(config):
     """A plain run's tests run in a child that the pytest process watches, so a death is reported
     (harness.reliability.supervisor); None here means the session runs in this process."""
+    from harness.reliability import supervisor
+
     return supervisor.supervise(config)
 
 
