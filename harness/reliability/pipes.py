@@ -1,10 +1,11 @@
 """Command-line tools end quietly when their reader goes away, as Unix tools do.
 
-`python -m reference_runtime pad --batch 1-500 --json | head -1` closes the pipe before the tool
+`python -m harness.reports.render RUN.json --out DIR | head -0` closes the pipe before the tool
 has written everything: the next write raises BrokenPipeError, and Python would print a traceback
 (and another when it flushes stdout at exit). A tool that ends here exits with 141 (128 + SIGPIPE),
-the status a shell shows for `yes | head -1`, and prints nothing. Standard library only: the
-policy calculator imports it and imports no torch.
+the status a shell shows for `yes | head -1`, and prints nothing. Used by the report renderer, the
+fidelity table and the scripts; the policy calculator, which imports nothing of the harness but its
+protocol, does the same in `reference_runtime.cli.run`.
 """
 from __future__ import annotations
 
