@@ -1,6 +1,6 @@
 """Command-line tools end quietly when their reader goes away, as Unix tools do.
 
-`python -m harness.reports.render RUN.json --out DIR | head -0` closes the pipe before the tool
+`scripts/time_breakdown.py | head -1` closes the pipe before the tool
 has written everything: the next write raises BrokenPipeError, and Python would print a traceback
 (and another when it flushes stdout at exit). A tool that ends here exits with 141 (128 + SIGPIPE),
 the status a shell shows for `yes | head -1`, and prints nothing. Used by the report renderer, the
