@@ -32,6 +32,15 @@ def pytest_addhooks(pluginmanager):
     pluginmanager.add_hookspecs(hookspecs)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A plain run's tests run in a child that the pytest process watches, so a death is reported
+    (harness.reliability.supervisor); None here means the session runs in this process."""
+    from harness.reliability import supervisor
+
+    return supervisor.supervise(config)
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("cudagraph-conformance")
     group.addoption("--runtime", default=registry.DEFAULT_RUNTIME,
@@ -54,6 +63,10 @@ def pytest_addoption(parser):
                          "that cannot run the tiny model's shapes runs the suites on 'small'")
     group.addoption("--bench-preset", default="small", metavar="NAME",
                     help="model preset for the benchmark lane (default %(default)s)")
+    group.addoption("--no-supervisor", action="store_true",
+                    help="run the session in the pytest process itself, not in a child it forks and watches "
+                         "(for a debugger that follows the first process); a process that dies then leaves no "
+                         "report of which test it was running (docs/reliability.md)")
     group.addoption("--test-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="fail a test phase (setup, call, teardown) that runs longer than this; one blocked in native "
                          "code ends the process after a grace period, with its stacks and a report "

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import sys
 import textwrap
 from dataclasses import asdict
@@ -265,3 +267,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(data) if args.json else text)
     return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    """main(), quiet when its reader closes the pipe (`... | head`): exit 141 (128 + SIGPIPE), as a
+    Unix tool killed by SIGPIPE does, with no traceback. (harness.reliability.pipes does the same for
+    the harness's tools; the calculator imports nothing of the harness but its protocol.)"""
+    try:
+        status = main(argv)
+        sys.stdout.flush()  # what is still buffered meets the closed pipe here, not at exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit must not raise again
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return status

@@ -223,4 +223,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness.reliability import pipes
+
+    sys.exit(pipes.run(main))  # quiet when the reader closes the pipe

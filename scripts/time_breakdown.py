@@ -123,4 +123,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(ROOT))
+    from harness.reliability import pipes
+
+    sys.exit(pipes.run(main))  # quiet when the reader closes the pipe

@@ -1,7 +1,8 @@
 """Hostile runtimes: each does, through the protocol, something a third-party runtime must not be
-able to do to the harness (docs/reliability.md). tests/test_hostile_runtimes.py runs the harness
-against each and checks that the run ends by itself, fails what they did with a reason, and
-reports every test.
+able to do to the harness (docs/reliability.md). tests/test_hostile_runtimes.py (sections 1-5) and
+tests/test_hostile_processes.py (6-9: processes left running, a process that dies, hangs in every
+step, answers of the wrong kind) run the harness against each and check that the run ends by
+itself, fails what they did with a reason, and reports every test.
 
 Each has one hostility per protocol operation, so a self-test picks the hostility by calling
 that operation. Where one operation carries several (wrong answers, taint), the self-test names
@@ -360,3 +361,144 @@ class ExhaustsMemory(Runtime):
         held = []
         while True:
             held.append(bytearray(64 << 20))
+
+
+# -- 6. processes left running -------------------------------------------------------------------
+def _sleeper(*, daemon: bool = False) -> None:
+    """A `sleep 120` the caller never stops; as a daemon (its own session, its parent gone) it is
+    re-parented, as a service a runtime starts would be."""
+    import subprocess
+
+    if daemon:
+        subprocess.run(["sh", "-c", "setsid sleep 120 </dev/null >/dev/null 2>&1 &"], check=True)
+    else:
+        subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+class LeavesProcessesRunning(Runtime):
+    """build() starts a child process and never stops it; capture_sizes() starts a daemon."""
+
+    name = "leaves-processes-running"
+
+    def capture_sizes(self, config):
+        _sleeper(daemon=True)
+        return super().capture_sizes(config)
+
+    def build(self, config):
+        _sleeper()
+        return super().build(config)
+
+
+class KeepsAWorkerPool(Runtime):
+    """Keeps one helper process for the whole session, as an engine's worker pool does, and declares
+    it (helper_processes()); with `pick = "lies"` it declares init's pid, which it did not start."""
+
+    name = "keeps-a-worker-pool"
+    pool = None
+
+    def build(self, config):
+        import subprocess
+
+        if self.pool is None:
+            self.pool = subprocess.Popen(["sh", "-c", "sleep 120 & wait"], stdin=subprocess.DEVNULL)
+        return super().build(config)
+
+    def helper_processes(self):
+        return [1] if self.pick == "lies" else [self.pool.pid] if self.pool else []
+
+
+# -- 7. a process that dies ------------------------------------------------------------------------
+DEATHS = {  # how capture_sizes() ends its own process, picked by `pick`
+    "SIGSEGV": lambda: ctypes.string_at(0),  # a read through a null pointer, as a native crash
+    "SIGABRT": os.abort,
+    "SIGKILL": lambda: os.kill(os.getpid(), 9),
+    "os._exit(0)": lambda: os._exit(0),
+}
+
+
+class DiesBySignal(Runtime):
+    """capture_sizes() says something, then ends its process as `pick` says."""
+
+    name = "dies-by-signal"
+
+    def capture_sizes(self, config):
+        print(f"about to die by {self.pick}", flush=True)
+        sys.stderr.write("the runtime's last words\n")
+        sys.stderr.flush()
+        DEATHS[self.pick or "SIGSEGV"]()
+
+
+# -- 8. hangs SIGALRM can end, in every step or once ----------------------------------------------
+class HangsInEveryStep(Runtime):
+    """Every step sleeps for an hour: SIGALRM ends each, and after two the rest are skipped."""
+
+    name = "hangs-in-every-step"
+    hangs = 10 ** 9  # steps that hang before the engine recovers
+
+    def build(self, config):
+        return HangingEngine(self, config)
+
+
+class HangsOnce(HangsInEveryStep):
+    """The first step hangs, every later one is fine: the run recovers and runs the rest."""
+
+    name = "hangs-once"
+    hangs = 1
+
+
+class HangingEngine(Engine):
+    def step(self, requests, padding_fill=None):
+        import time
+
+        if self.runtime.hangs > 0:
+            self.runtime.hangs -= 1
+            time.sleep(3600)
+        return super().step(requests)
+
+
+# -- 9. answers of the right form and the wrong kind -----------------------------------------------
+WRONG_KINDS = ["bfloat16-steps", "nan-logits", "kv-changes-shape", "float-step-inputs"]
+
+
+class ReturnsWrongKinds(Runtime):
+    """Answers shaped right but of the wrong kind, picked by `pick`: bfloat16 logits from step()
+    where eager_step() gives float32 (the engine was built float32), NaN logits, a KV snapshot that
+    changes shape, floating-point step inputs."""
+
+    name = "returns-wrong-kinds"
+    capabilities = p.Capabilities(**POLICY, execution=True, graph_backends=("emulated",), kv_inspection=True,
+                                  input_inspection=True)
+
+    def build(self, config):
+        return WrongKindEngine(self, config)
+
+
+class WrongKindEngine(Engine):
+    snapshots = 0
+
+    def step(self, requests, padding_fill=None):
+        result = super().step(requests)
+        if self.runtime.pick == "bfloat16-steps":
+            result.logits = result.logits.bfloat16()
+        if self.runtime.pick == "nan-logits":
+            result.logits[-1, 3] = float("nan")
+        return result
+
+    def eager_step(self, requests, padded_num_tokens):
+        return super().step(requests)
+
+    def kv_snapshot(self):
+        import torch
+
+        self.snapshots += 1
+        shape = (16, 4) if self.runtime.pick != "kv-changes-shape" or self.snapshots == 1 else (8, 4)
+        return torch.zeros(shape)
+
+    def slot_of(self, request_id, position):
+        return 0
+
+    def last_step_inputs(self):
+        import torch
+
+        dtype = torch.float32 if self.runtime.pick == "float-step-inputs" else torch.long
+        return p.StepInputs(*(torch.zeros(1, dtype=dtype) for _ in range(3)))

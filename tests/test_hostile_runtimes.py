@@ -37,18 +37,27 @@ def importable_from_anywhere(monkeypatch):
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the native hangs lock a pthread mutex through libc")
 
 
-def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False, conftest: str = ""):
+def run(pytester, runtime: str, tests: str, *args: str, subprocess: bool = False, conftest: str = "",
+        supervised: bool = False, fails: bool = True):
     """Run `tests` against `runtime` (a class in tests/hostile_runtimes.py, or the name of one a
-    conftest registers); return (result, {test name: its JSON entry}, the JSON report)."""
+    conftest registers); return (result, {test name: its JSON entry}, the JSON report).
+    `supervised`: in a subprocess that is a run of its own, as a user's is (pytest run from a test
+    leaves crashes to the test's own session, PYTEST_CURRENT_TEST says so)."""
     pytester.makepyfile(test_inner=textwrap.dedent(tests))
     if conftest:
         pytester.makeconftest(textwrap.dedent(conftest))
     spec = f"tests.hostile_runtimes:{runtime}" if hasattr(hostile_runtimes, runtime) else runtime
     argv = [*PLUGIN, "--runtime", spec, "--report-dir", "out", "-p", "no:cacheprovider", *args]
-    result = (pytester.runpytest_subprocess(*argv) if subprocess
-              else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
+    current = os.environ.pop("PYTEST_CURRENT_TEST") if supervised else None
+    try:
+        result = (pytester.runpytest_subprocess(*argv) if subprocess or supervised
+                  else pytester.runpytest("-p", "no:xdist", *argv, no_reraise_ctrlc=True))
+    finally:
+        if current is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = current
     output = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in output and result.ret != 0  # every run here has something to fail
+    assert "INTERNALERROR" not in output
+    assert (result.ret != 0) == fails, output[-3000:]  # a run with something to fail fails
     data = json.loads((pytester.path / "out" / f"conformance-{_name(runtime)}.json").read_text())
     assert all(entry.get("reason") for entry in data["tests"] if entry["outcome"] != "passed"), data["tests"]
     tests = {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in data["tests"]}
@@ -234,16 +243,18 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
             runtime.padded_size(PolicyConfig(), 5)
         def test_never_reached(runtime):
             pass
-    """, "--test-timeout", "2", "-p", "no:xdist", subprocess=True, conftest=MEMORY_LIMIT)
+    """, "--test-timeout", "2", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
     assert result.ret == 1
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
-                               "test_then_blocks_in_c": "failed"}
+                               "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}
     assert "MemoryError" in tests["test_exhausts_memory"]["reason"]
     assert "timed out: call still running" in tests["test_then_blocks_in_c"]["reason"]
     assert "native code" in tests["test_then_blocks_in_c"]["reason"]
+    assert "during test_inner.py::test_then_blocks_in_c" in tests["test_never_reached"]["reason"]
     assert data["complete"] is False
     result.stderr.fnmatch_lines(["*cudagraph-conformance watchdog*", "*test_then_blocks_in_c*blocked in native code*",
                                  "*in _deadlock*", "Ending the process (exit code 1)*"])
+    result.stdout.fnmatch_lines(["*test_then_blocks_in_c* (call) was running when timed out*"])
     record_property("caught_by", ["robustness: frames freed on MemoryError", "watchdog: report flushed, process ended"])
 
 
@@ -461,12 +472,14 @@ def test_a_hang_in_cuda_synchronize_is_ended_by_the_watchdog(pytester, workers):
             engines.get(mode="NONE", capture=False).step([Request(engines.new_id(), (5,), 0)])
         def test_policy_only(runtime):
             pass
-    """, "--test-timeout", "5", *(workers or ["-p", "no:xdist"]), subprocess=True)
+    """, "--test-timeout", "5", *(workers or ["-p", "no:xdist"]), subprocess=True, supervised=not workers)
     assert result.ret == 1
     assert tests["test_spins"]["outcome"] == "failed"
     reason = tests["test_spins"]["reason"]
-    assert ("timed out: call still running" in reason) if not workers else ("crashed while running" in reason)
+    assert "timed out: call still running" in reason and ("crashed while running" in reason) is bool(workers)
     assert data["complete"] is bool(workers)  # under xdist the controller finishes the run
+    # A plain run's supervisor lists the test the ended process never ran; a new xdist worker runs it.
+    assert tests["test_policy_only"]["outcome"] == ("passed" if workers else "not run")
 
 
 @cuda_only

@@ -152,4 +152,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.reliability import pipes
+
+    sys.exit(pipes.run(main))  # quiet when the reader closes the pipe

@@ -10,7 +10,11 @@
   test or a library (hypothesis, torch) by where the exception came from.
 - CUDA: a context counts as poisoned only on evidence: a tiny kernel and a synchronize fail
   after a test. Later GPU tests are then skipped, naming the test and the probe's result.
-- Taint: process-wide state a test changed is put back and fails that test (harness.reliability.isolation).
+- Taint: process-wide state a test changed is put back and fails that test (harness.reliability.isolation),
+  and processes it left running are ended and fail it (harness.reliability.processes).
+- Hangs: after two in a row, the runtime's remaining tests of that kind are skipped (harness.reliability.hangs).
+- Death: a witness outside the process reports the test that was running when it died
+  (harness.reliability.witness, supervisor, workers).
 Whatever happens, the report plugin still writes what ran.
 """
 from __future__ import annotations
@@ -24,19 +28,26 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from harness.reliability import isolation
-from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
+from harness.reliability import isolation, workers
+from harness.reliability.hangs import ENGINE_FIXTURES, KIND_ATTRIBUTE, Hang, HangRecord, kind_of
+from harness.reliability.processes import ProcessWatch
 from harness.reliability.safe import bounded, describe_exception, safe_str
 from harness.reliability.watchdog import Watchdog
+from harness.reliability.witness import CLIENT, role
+from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
 
 REPORT_LIMIT = 20_000  # characters of a failure's text or a captured-output section
 RUNTIME_FIXTURES = {"runtime", "engines", "engine_factory", "bench_engines"}  # tests that run runtime code
-GPU_FIXTURES = {"engines", "engine_factory", "bench_engines"}  # tests that need a working CUDA context
+GPU_FIXTURES = ENGINE_FIXTURES  # tests that need a working CUDA context
 BEFORE = pytest.StashKey[dict]()  # process state before the test (harness.reliability.isolation)
+PROCESSES = pytest.StashKey[frozenset]()  # the processes running before the test (harness.reliability.processes)
+HUNG = pytest.StashKey[bool]()  # a phase ran past --test-timeout
+CALLED = pytest.StashKey[bool]()  # the test's call phase ran
 HELD = pytest.StashKey[int]()  # engines the factories held when setup ended
 FIRST_ERROR = pytest.StashKey[str]()  # what the test raised first
 FAILED = pytest.StashKey[bool]()
@@ -72,8 +83,14 @@ class Robustness:
         self.poisoned: tuple[str, str, str] | None = None  # (test, what it raised, what the probe saw)
         self.ctrl_c = False  # a real SIGINT arrived (a person pressed Ctrl-C)
         self.watchdog: Watchdog | None = None
+        self.expired = False  # SIGALRM fired during the current phase
         self._saved_handlers: dict = {}
         self._stderr_fd: int | None = None
+        self.tests_run_here = role(config) != "controller"
+        self.processes = ProcessWatch(runtime) if self.tests_run_here else None
+        self.hangs = HangRecord(getattr(config, "workerinput", {}).get(workers.HANGS_KEY, ()))
+        self.left_at_the_end: list[str] = []  # processes the session left running, ended as it ended
+        workers.attach(config, runtime.name)
 
     # -- session ----------------------------------------------------------------------------
     def pytest_sessionstart(self, session):
@@ -101,19 +118,25 @@ class Robustness:
             previous(signum, frame)
         raise KeyboardInterrupt
 
-    def _expired(self, nodeid: str, when: str, seconds: float) -> None:
-        """The watchdog's last act before it ends the process: the test goes into the report."""
+    def _expired(self, nodeid: str, when: str, seconds: float, kind: str | None = None) -> None:
+        """The watchdog's last act before it ends the process: the test goes into the report, and to
+        the witness (the supervisor or the xdist controller), as a hang."""
+        reason = (f"timed out: {when} still running {seconds:g} s after it started (--test-timeout={self.timeout:g} s "
+                  f"and its grace), blocked where SIGALRM cannot reach (native code); the watchdog dumped every "
+                  f"thread's stack to stderr and ended the process (runtime {self.runtime_name!r})")
         run_report = self.config.pluginmanager.get_plugin(REPORT_PLUGIN)
         if run_report is not None:  # absent on xdist workers: the controller reports the crash
-            run_report.record_crash(nodeid, when, (
-                f"timed out: {when} still running {seconds:g} s after it started (--test-timeout={self.timeout:g} s "
-                f"and its grace), blocked where SIGALRM cannot reach (native code); the watchdog dumped every "
-                f"thread's stack to stderr and ended the process (runtime {self.runtime_name!r})"))
+            run_report.record_crash(nodeid, when, reason)
+        client = self.config.pluginmanager.get_plugin(CLIENT)
+        if client is not None:
+            hang = Hang(nodeid, when, self.timeout, kind, "the watchdog ended the process") if kind else None
+            client.note(nodeid, when, reason, hang=asdict(hang) if hang else None)
 
     # -- every phase: bounded in time, a raised KeyboardInterrupt ends only the test ----------
     @contextmanager
     def _phase(self, item, when: str):
-        previous = self._arm(item.nodeid, when)
+        self.expired = False
+        previous = self._arm(item.nodeid, when, kind_of(item))
         try:
             yield
         except KeyboardInterrupt as exc:
@@ -127,13 +150,17 @@ class Robustness:
             raise
         finally:
             self._disarm(previous)
+            if self.expired and kind_of(item) is not None:  # SIGALRM fired in this phase: a hang
+                self.hangs.hung(Hang(item.nodeid, when, self.timeout, kind_of(item)))
+                item.stash[HUNG] = True
 
-    def _arm(self, nodeid: str, when: str):
+    def _arm(self, nodeid: str, when: str, kind: str | None):
         if not self.timeout:
             return None
         previous = None
         if _main_thread() and hasattr(signal, "SIGALRM"):
             def expire(signum, frame):
+                self.expired = True
                 raise TimeoutError(f"test ran past --test-timeout={self.timeout:g} s in {when} "
                                    f"(runtime {self.runtime_name!r})")
 
@@ -141,7 +168,7 @@ class Robustness:
             outer, _ = signal.setitimer(signal.ITIMER_REAL, self.timeout)
             previous = (handler, outer, time.monotonic())
         if self.watchdog is not None:
-            self.watchdog.arm(nodeid, when, self.timeout + self.grace, self.timeout + 2 * self.grace)
+            self.watchdog.arm(nodeid, when, self.timeout + self.grace, self.timeout + 2 * self.grace, kind)
         return previous
 
     def _disarm(self, previous) -> None:
@@ -160,14 +187,20 @@ class Robustness:
     def pytest_runtest_setup(self, item):
         if RUNTIME_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.stash[BEFORE] = isolation.snapshot()
+            if self.processes is not None:
+                item.stash[PROCESSES] = self.processes.snapshot()
         with self._phase(item, "setup"):
             self._skip_if_poisoned(item)
+            reason = self.hangs.skip_reason(kind_of(item), self.runtime_name)
+            if reason:
+                pytest.skip(reason)
             result = yield
         item.stash[HELD] = _engines_held(item)
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
+        item.stash[CALLED] = True
         with self._phase(item, "call"):
             return (yield)
 
@@ -182,8 +215,10 @@ class Robustness:
                 return (yield)
             finally:
                 self._after(item)
+                if item.stash.get(CALLED, False) and not item.stash.get(HUNG, False):
+                    self.hangs.ended(kind_of(item))
 
-    # -- after a test: taint and the CUDA context -------------------------------------------
+    # -- after a test: taint, processes and the CUDA context ------------------------------------
     def _after(self, item) -> None:
         before = item.stash.get(BEFORE, None)
         # State outside CUDA first: a mode or default device left behind must not fool the probe.
@@ -198,7 +233,7 @@ class Robustness:
             memory_counts = not item.stash.get(FAILED, False) and _engines_held(item) <= item.stash.get(HELD, 0)
             changes += isolation.undo(before, keep=lambda name: name in isolation.CUDA_STATE
                                       and (memory_counts or name != isolation.MEMORY))
-        problems = []
+        problems = self.processes.check(item.stash[PROCESSES]) if PROCESSES in item.stash else []
         if broken is not None:
             problems.append(f"the CUDA context is broken after this test (it raised {self.poisoned[1]}): {broken}; "
                             "later GPU tests in this process are skipped")
@@ -207,6 +242,21 @@ class Robustness:
                             "(docs/reliability.md):\n  " + "\n  ".join(changes))
         if problems:
             pytest.fail(f"runtime {self.runtime_name!r}: " + "\n".join(problems), pytrace=False)
+
+    # -- the session's end: nothing it started outlives it ----------------------------------------
+    @pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
+    def pytest_sessionfinish(self, session):
+        if self.processes is None:
+            return
+        self.left_at_the_end = self.processes.end_of_session()
+        if hasattr(self.config, "workeroutput"):  # the controller says it
+            self.config.workeroutput[workers.ENDED_KEY] = self.left_at_the_end
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.left_at_the_end:
+            terminalreporter.write_line(
+                f"cudagraph-conformance: ended {len(self.left_at_the_end)} process(es) left running when the session "
+                f"ended: {'; '.join(self.left_at_the_end)}", yellow=True)
 
     def _skip_if_poisoned(self, item) -> None:
         if self.poisoned and GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -226,6 +276,8 @@ class Robustness:
         _bound(report)
         if report.failed:
             item.stash[FAILED] = True
+        if call.when == "call" and not item.stash.get(HUNG, False) and kind_of(item):
+            setattr(report, KIND_ATTRIBUTE, kind_of(item))  # under xdist, the controller counts hangs in a row
         error = call.excinfo.value if call.excinfo else None
         if error is not None and report.failed and not isinstance(error, (AssertionError, pytest.fail.Exception)):
             item.stash.setdefault(FIRST_ERROR, describe_exception(error, 300))
@@ -271,13 +323,6 @@ class Robustness:
         except ValueError:
             pass
         return f"{path}:{frame[2]}"
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem, report, sched):
-        """xdist: a worker ended while running a test; say what can end a worker."""
-        report.longrepr = (f"{report.longrepr}: the worker process ended during this test (a test blocked in native "
-                           "code past --test-timeout, which the watchdog ends, or a runtime that crashed or ended its "
-                           "own process; the worker's stderr has the stacks). xdist started a new worker for the rest.")
 
 
 def _bound(report) -> None:

@@ -21,7 +21,7 @@ import faulthandler
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 EXIT_CODE = 1  # pytest's "tests failed"
 
@@ -29,19 +29,20 @@ EXIT_CODE = 1  # pytest's "tests failed"
 class Watchdog:
     """One deadline at a time: `arm()` before a test phase, `disarm()` after it."""
 
-    def __init__(self, stderr_fd: int, on_expire: Callable[[str, str, float], None], faulthandler_too: bool = True):
+    def __init__(self, stderr_fd: int, on_expire: Callable[[str, str, float, Optional[str]], None],
+                 faulthandler_too: bool = True):
         self.fd = stderr_fd  # a duplicate of the terminal's stderr, taken before capture hides it
-        self.on_expire = on_expire  # (nodeid, phase, seconds): record and flush the report; must not block long
+        self.on_expire = on_expire  # (nodeid, phase, seconds, kind): record and flush the report; must not block long
         self.faulthandler_too = faulthandler_too  # False where pytest's own faulthandler_timeout owns it
         self._lock = threading.Condition()
-        self._armed: tuple[float, str, str, float] | None = None  # (deadline, nodeid, phase, seconds)
+        self._armed: tuple[float, str, str, float, str | None] | None = None  # (deadline, nodeid, phase, seconds, kind)
         self._stopped = False
         self._thread = threading.Thread(target=self._watch, name="cudagraph-conformance-watchdog", daemon=True)
         self._thread.start()
 
-    def arm(self, nodeid: str, phase: str, seconds: float, last_resort: float) -> None:
+    def arm(self, nodeid: str, phase: str, seconds: float, last_resort: float, kind: str | None = None) -> None:
         with self._lock:
-            self._armed = (time.monotonic() + seconds, nodeid, phase, seconds)
+            self._armed = (time.monotonic() + seconds, nodeid, phase, seconds, kind)
             self._lock.notify()
         if self.faulthandler_too:
             faulthandler.dump_traceback_later(last_resort, exit=True, file=self.fd)
@@ -72,17 +73,17 @@ class Watchdog:
                 if left > 0:
                     self._lock.wait(left)
                     continue
-                _, nodeid, phase, seconds = self._armed
+                _, nodeid, phase, seconds, kind = self._armed
                 break
-        self._expire(nodeid, phase, seconds)
+        self._expire(nodeid, phase, seconds, kind)
 
-    def _expire(self, nodeid: str, phase: str, seconds: float) -> None:
+    def _expire(self, nodeid: str, phase: str, seconds: float, kind: str | None) -> None:
         self._write(f"\n{'=' * 30} cudagraph-conformance watchdog {'=' * 30}\n"
                     f"{nodeid} ({phase}) is still running {seconds:g} s after it started, and SIGALRM did not "
                     "stop it: it is blocked in native code. Stacks of every thread:\n")
         faulthandler.dump_traceback(file=self.fd, all_threads=True)
         try:
-            self.on_expire(nodeid, phase, seconds)
+            self.on_expire(nodeid, phase, seconds, kind)
         except BaseException as exc:  # noqa: BLE001 - the process ends next whatever happened
             self._write(f"(the report could not be flushed: {type(exc).__name__})\n")
         self._write(f"Ending the process (exit code {EXIT_CODE}): the test cannot be stopped any other way.\n")

@@ -26,8 +26,9 @@ from harness.reliability.safe import describe_exception
 from harness.vocabulary import CONFIG_MODES as REQUESTED
 from harness.vocabulary import SUPPORT_LEVELS as SUPPORTS
 
-# How a cell lists them ("interrupted" and "running": tests a stopped or crashed run never finished).
-OUTCOME_ORDER = ["failed", "error", "interrupted", "running", "xpassed", "passed", "xfailed", "skipped"]
+# How a cell lists them ("interrupted" and "running": tests a stopped or crashed run never finished;
+# "not run": tests no process ran, the one that would have run them having died).
+OUTCOME_ORDER = ["failed", "error", "interrupted", "running", "not run", "xpassed", "passed", "xfailed", "skipped"]
 # Each measurement, and the suite that records it.
 MEASUREMENTS = {"grid": "test_padding.py", "resolution": "test_mode_resolution.py",
                 "capture": "test_capture_accounting.py", "launches": "test_launch_overhead.py",
@@ -438,4 +439,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.reliability import pipes
+
+    sys.exit(pipes.run(main))  # quiet when the reader closes the pipe

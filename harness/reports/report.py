@@ -171,6 +171,11 @@ class RunReport:
                                                         reason, when))
         self.write()
 
+    def not_run(self, nodeid: str, reason: str) -> None:
+        """A collected test no process ran (harness.reliability.workers: xdist stopped replacing crashed workers)."""
+        self.results[nodeid] = {"nodeid": nodeid, "outcome": "not run", "duration": 0.0, "reason": reason}
+        self.finished_tests.add(nodeid)
+
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished = True
         self.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
@@ -282,7 +287,8 @@ class RunReport:
 
 
 _SEVERITY = {"passed": 0, "skipped": 1, "xfailed": 2, "xpassed": 3, "error": 4, "failed": 5}
-# Reported only for tests that never finished: "running" (a flush during the test), "interrupted".
+# Reported only for tests that never finished: "running" (a flush during the test), "interrupted";
+# and "not run" for tests no process ran, the one that would have run them having died.
 
 
 def _outcome(report) -> str:

@@ -47,6 +47,8 @@ class ObservedEngine:
         self._pieces_per_size: int | None = None  # from the capture report
         self.last_padded = 0  # the padded size of the last step
         self.live: set[int] = set()
+        self.first_answer = None  # (method, kind of its logits): every later step's logits have that dtype and device
+        self.last_snapshot = None  # the last kv_snapshot()'s kind: the next one has the same
 
     def __getattr__(self, name):  # the optional operations (kv_snapshot, swap_static_buffer, ...)
         return getattr(self.engine, name)
@@ -87,7 +89,7 @@ class ObservedEngine:
         seen = LOG.since(before)
         self.captures_in_service += seen.captures
         n = sum(len(r.token_ids) for r in requests)
-        self._validate(result, requests, n, "step()")
+        self._validate(result, requests, n, "step()" if padding_fill is None else f"step(padding_fill={padding_fill!r})")
         self.last_padded = result.padded_num_tokens
         self._check_step(requests, result, seen, n)
         if self.factory.runtime.capabilities.outputs_alias_graph_buffers:
@@ -112,8 +114,14 @@ class ObservedEngine:
         return result
 
     def _validate(self, result, requests, n: int, call: str) -> None:
-        problem = validate.step_result(result, n, self.factory.vocab, self.config.device)
+        """The step's answer at the protocol boundary: its form, its kind (the engine's dtype and
+        device), and the same kind as the engine's first answer, whichever method gave it."""
+        problem = validate.step_result(result, n, self.factory.vocab, self.config.device, self.config.dtype)
+        if problem is None and self.first_answer is not None:
+            problem = validate.same_kind(result.logits, self.first_answer[1], self.first_answer[0])
         self._answer(call, result, problem and f"{problem} ({describe_batch(requests)})")
+        if self.first_answer is None:
+            self.first_answer = (call, validate.kind(result.logits))
 
     def _check_step(self, requests, result, seen: GraphLog, n: int) -> None:
         check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
@@ -154,6 +162,12 @@ class ObservedEngine:
     def last_step_inputs(self):
         inputs = self.engine.last_step_inputs()
         return self._answer("last_step_inputs()", inputs, validate.step_inputs(inputs, self.last_padded))
+
+    def kv_snapshot(self):
+        snapshot = self.engine.kv_snapshot()
+        self._answer("kv_snapshot()", snapshot, validate.kv_snapshot(snapshot, self.last_snapshot))
+        self.last_snapshot = validate.kind(snapshot)
+        return snapshot
 
     def static_buffer_addresses(self):
         addresses = self.engine.static_buffer_addresses()

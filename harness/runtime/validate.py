@@ -110,7 +110,10 @@ def resolution(value) -> str | None:
 
 
 @_never_raises
-def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str | None:
+def step_result(value, num_tokens: int, vocab: int | None, device: str, dtype: str | None = None) -> str | None:
+    """A StepResult of the promised form and kind: logits [num_tokens, vocab], dense, floating point,
+    on the engine's device, in the engine's dtype (`dtype`, EngineConfig.dtype; float32 too, the
+    upcast engines make for sampling), with no NaN (a real token's logits never are)."""
     import torch
 
     logits = getattr(value, "logits", None)
@@ -120,10 +123,9 @@ def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str |
     if logits.dim() != 2 or logits.shape[0] != num_tokens or (expected_shape and tuple(logits.shape) != expected_shape):
         return (f"returned logits of shape {tuple(logits.shape)}; expected {expected_shape or (num_tokens, 'vocab')}: "
                 "one row per real token, in request order")
-    if not logits.is_floating_point():
-        return f"returned logits of dtype {logits.dtype}; expected a floating-point dtype"
-    if logits.device.type != torch.device(device).type:
-        return f"returned logits on {logits.device}; the engine was built for {device}"
+    problem = logits_kind(logits, device, dtype)
+    if problem:
+        return problem
     mode = getattr(value, "runtime_mode", None)
     if not isinstance(mode, str) or mode not in RUNTIME_MODES:
         return f"reported runtime_mode {safe_repr(mode)}; expected one of {RUNTIME_MODES}"
@@ -132,7 +134,56 @@ def step_result(value, num_tokens: int, vocab: int | None, device: str) -> str |
     padded = getattr(value, "padded_num_tokens", None)
     if not _is_int(padded) or padded < num_tokens:
         return f"reported padded_num_tokens {safe_repr(padded)}; expected an int >= the {num_tokens} real tokens"
+    return nan_rows(logits)
+
+
+def logits_kind(logits, device: str, dtype: str | None = None) -> str | None:
+    """What is wrong with the logits' kind (layout, dtype, device), or None."""
+    import torch
+
+    if logits.layout != torch.strided:
+        return f"returned logits with layout {logits.layout}; expected a dense (torch.strided) tensor"
+    if not logits.is_floating_point():
+        return f"returned logits of dtype {logits.dtype}; expected a floating-point dtype"
+    if dtype is not None:
+        built = getattr(torch, dtype, None)
+        allowed = [d for d in (built, torch.float32) if isinstance(d, torch.dtype)]
+        if logits.dtype not in allowed:
+            upcast = " or torch.float32 (an upcast for sampling)" if built != torch.float32 else ""
+            return (f"returned logits of dtype {logits.dtype}; expected {built} (the engine was built with "
+                    f"EngineConfig.dtype={dtype!r}){upcast}")
+    wanted = torch.device(device)
+    if logits.device.type != wanted.type or (wanted.index is not None and logits.device.index != wanted.index):
+        return f"returned logits on {logits.device}; the engine was built for device {device!r}"
     return None
+
+
+def nan_rows(logits) -> str | None:
+    """NaN in real rows: never right (on the emulator, NaN is memory a graph read before anything wrote it)."""
+    import torch
+
+    if not logits.numel() or not bool(torch.isnan(logits).any()):
+        return None
+    rows = torch.isnan(logits).any(dim=1).nonzero().flatten().tolist()
+    return (f"returned NaN in the logits of {len(rows)} of {logits.shape[0]} real rows (first: row {rows[0]}); "
+            "a real token's logits are never NaN (NaN from padded rows must not reach them; on the graph "
+            "emulator, NaN is memory a graph read before anything wrote it)")
+
+
+def kind(tensor) -> tuple:
+    """(shape, dtype, device): what one engine's answers of one method keep from call to call."""
+    return tuple(tensor.shape), tensor.dtype, tensor.device
+
+
+def same_kind(logits, first: tuple, first_call: str) -> str | None:
+    """One engine answers in one kind: these logits against those of its first answer (`first`, a
+    `kind()`, from `first_call`), whichever method gave them."""
+    _, dtype, device = first
+    if (logits.dtype, logits.device) == (dtype, device):
+        return None
+    return (f"returned logits of dtype {logits.dtype} on {logits.device}, and its {first_call} returned "
+            f"{dtype} on {device}: one engine answers every step in one dtype on one device (the harness "
+            "compares them bit for bit)")
 
 
 @_never_raises
@@ -162,8 +213,25 @@ def step_inputs(value, padded_num_tokens: int) -> str | None:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.shape[0] != padded_num_tokens:
             return (f"returned {name}={safe_repr(tensor)}; expected a 1-D tensor of the step's "
                     f"{padded_num_tokens} padded rows")
+        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+            return f"returned {name} of dtype {tensor.dtype}; expected an integer tensor (ids, positions, slots)"
     if not _is_int(getattr(value, "padding_slot", None)):
         return "returned a padding_slot that is not an int"
+    return None
+
+
+@_never_raises
+def kv_snapshot(value, previous: tuple | None = None) -> str | None:
+    """A copy of every KV slot, slot first; of one shape, dtype and device (`previous`, the last
+    snapshot's `kind()`) for one engine."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.dim() < 1 or value.layout != torch.strided:
+        return f"returned {safe_repr(value, 300)}; expected a dense tensor of every KV slot, slot first"
+    if previous is not None and kind(value) != previous:
+        shape, dtype, device = previous
+        return (f"returned shape {tuple(value.shape)}, {value.dtype} on {value.device}; its previous snapshot was "
+                f"{shape}, {dtype} on {device}: snapshots are compared slot by slot, bit for bit")
     return None
 
 
@@ -180,6 +248,14 @@ def engine(value) -> str | None:
 def addresses(value) -> str | None:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and _is_int(v) for k, v in value.items()):
         return f"returned {safe_repr(value)}; expected a mapping of static buffer names to int addresses"
+    return None
+
+
+@_never_raises
+def pids(value) -> str | None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(_is_int(v) and v > 0
+                                                                                     for v in value):
+        return f"returned {safe_repr(value)}; expected a list of process ids (ints > 0)"
     return None
 
 

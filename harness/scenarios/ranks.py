@@ -32,6 +32,7 @@ from multiprocessing.connection import wait
 from harness.expectations import kv
 from harness.session import machine
 from harness.scenarios.batches import describe_batch
+from harness.reliability.processes import harness_owned
 from harness.reliability.safe import safe_str
 
 # A step takes milliseconds on the emulator or a GPU; one that waits on a collective another rank
@@ -95,7 +96,8 @@ class RankPool:
         self.alive = False
         self.engines: dict[bytes, BuiltEngine] = {}
         self.processes, self.connections = [], []
-        self._start()
+        with harness_owned("the data-parallel rank pool"):  # its processes (and the fork server) are the harness's
+            self._start()
 
     def _start(self) -> None:
         if self.backend == "nccl":

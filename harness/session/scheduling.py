@@ -28,11 +28,15 @@ def pytest_xdist_make_scheduler(config, log):
             return path if path.endswith(ONE_WORKER_PER_FILE) else nodeid
 
         def schedule(self):
-            replacing = self.collection is not None  # a worker replaced one that died
-            super().schedule()
-            if replacing:  # a second unit, or its shutdown: a worker runs a test once it knows the next
-                for node in self.nodes:
-                    self._reschedule(node)
+            if self.collection is None:
+                return super().schedule()
+            # A worker replaced one that died. Only workers that have collected get work (another
+            # replacement may still be collecting: xdist's own loop would ask for its collection and
+            # fail), each twice: a second unit, or its shutdown, as a worker runs a test once it knows the next.
+            for node in [n for n in self.nodes if n in self.registered_collections]:
+                self._reschedule(node)
+                self._reschedule(node)
+            return None
 
         def remove_node(self, node):
             # A worker that died (a native hang the watchdog ended, say): its running test is
