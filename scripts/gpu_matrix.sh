@@ -20,6 +20,7 @@ runtimes=(
     "transformers-graph=cudagraph_transformers.runtime:TransformersGraph"
     "transformers-compile=cudagraph_transformers.runtime:TransformersCompile"
     "reference-compile=cudagraph_torch_compile.runtime:ReferenceCompile"
+    "sglang-like=tests.sglang_like_engine:SGLangLikeRuntime"
 )
 status=0
 pids=()

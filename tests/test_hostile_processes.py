@@ -17,7 +17,7 @@ import pytest
 
 from harness.reliability import pipes, processes
 from tests import hostile_runtimes
-from tests.test_hostile_runtimes import ROOT, hostile, linux_only, outcomes, run
+from tests.test_hostile_runtimes import ROOT, hostile, importable_from_anywhere, linux_only, outcomes, run  # noqa: F401 (fixtures)
 
 pytestmark = linux_only  # processes are read through /proc; the deaths are POSIX signals
 

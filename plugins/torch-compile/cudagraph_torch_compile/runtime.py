@@ -34,6 +34,8 @@ class ReferenceCompile:
         import torch
 
         self.version = f"0.1.0 (torch {torch.__version__})"
+        # Compile in this process: Inductor's worker pool would be processes a test leaves running.
+        torch._inductor.config.compile_threads = 1
         runs = _cuda()
         self.known_failures = KNOWN_FAILURES
         self.capabilities = Capabilities(

@@ -88,4 +88,11 @@ class TransformersGraph(_TransformersRuntime):
 class TransformersCompile(_TransformersRuntime):
     name = "transformers-compile"
     graph = "compile"
+
+    def __init__(self):
+        import torch._inductor.config
+
+        # Compile in this process: Inductor's worker pool would be processes a test leaves running.
+        torch._inductor.config.compile_threads = 1
+        super().__init__()
     modes = TransformersGraph.modes
