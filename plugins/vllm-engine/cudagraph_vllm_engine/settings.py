@@ -23,6 +23,9 @@ ENVIRONMENT = {
     "TOKENIZERS_PARALLELISM": "false",
     "NCCL_NVLS_ENABLE": "0",  # NVLink multicast stays off on the lent machines
     "VLLM_CACHE_ROOT": "/tmp/vllm_cache",  # shared by the smoke stage and the suites: compile caches carry over
+    # Inductor compiles in this process: its worker pool would be processes a test leaves running
+    # (docs/reliability.md), and the harness ends those.
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
 }
 ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
@@ -35,6 +38,9 @@ _log = logging.getLogger("cudagraph_vllm_engine")
 def apply_environment() -> None:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    inductor = sys.modules.get("torch._inductor.config")  # read its variable already: told directly
+    if inductor is not None:
+        inductor.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
 
 
 def event(message: str) -> None:
