@@ -16,7 +16,7 @@ import pytest
 
 from harness.expectations import kv, presets
 from harness.protocol import Request
-from harness.reliability.safe import describe_exception
+from harness.reliability.safe import describe_exception, safe_str
 from harness.scenarios.batches import describe_batch, prompt, reaching_the_end
 from harness.vocabulary import EAGER, OBSERVED
 
@@ -59,8 +59,8 @@ def refused_clearly(check, call, case) -> bool:
     try:
         call()
     except ValueError as exc:
-        text = describe_exception(exc)
-        check.that(any(word in text for word in LIMIT), source=OBSERVED, case=case, error=text,
+        text = describe_exception(exc)  # the first line, for the message; the limit may be named further on
+        check.that(any(word in safe_str(exc) for word in LIMIT), source=OBSERVED, case=case, error=text,
                    what=f"a refusal past the limit must name it ({' or '.join(LIMIT)})")
         return True
     except Exception as exc:  # a crash, or an index past a table: the limit was not checked

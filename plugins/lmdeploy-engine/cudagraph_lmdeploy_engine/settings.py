@@ -27,6 +27,9 @@ ENVIRONMENT = {
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "NCCL_NVLS_ENABLE": "0",  # NVLink multicast stays off on the lent machines
+    # LMDeploy compiles some ops with torch.compile (lmdeploy/pytorch/nn/norm.py rms_scale): in this
+    # process, since Inductor's worker pool (seen: 17 processes on an H200) would outlive the test.
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
 }
 # PytorchEngineConfig.dtype takes 'auto', 'float16' or 'bfloat16' (messages.py): no float32. 'auto'
 # makes a float32 checkpoint float16, and so does this runtime, whatever it is asked
@@ -43,6 +46,9 @@ _log = logging.getLogger("cudagraph_lmdeploy_engine")
 def apply_environment() -> None:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    inductor = sys.modules.get("torch._inductor.config")  # read its variable already: told directly
+    if inductor is not None:
+        inductor.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
 
 
 def num_gpu_blocks(kv_tokens: int | None, max_seqs: int) -> int:

@@ -95,7 +95,6 @@ def engine_config(runtime, mode: str, preset: str):
 def run_mode(runtime, anchor, preset: str, mode: str, log) -> None:
     import torch
 
-    from harness.expectations.anchor import TOLERANCE
     from harness.graphs.log import LOG
     from harness.protocol import Request
     from harness.scenarios.batches import prompt
@@ -153,7 +152,9 @@ def run_mode(runtime, anchor, preset: str, mode: str, log) -> None:
             following[r.request_id] = int(expected[row - 1].argmax())
     for request_id in history:
         engine.release(request_id)
-    log("summary", f"{where}: largest difference from transformers {worst:.3g} (float16 tolerance {TOLERANCE['float16']:g}); "
+    tolerance = anchor.tolerance(runtime.capabilities.precision, preset)
+    log("summary", f"{where}: largest difference from transformers {worst:.3g} (the anchor's tolerance for declared "
+        f"precision {tolerance.precision!r}: {tolerance.value:.3g}); "
         f"eager bit-equal in {equal}/{len(PLAN)} steps; addresses {len(engine.static_buffer_addresses())} buffers",
         preset=preset, mode=mode, anchor_difference=worst, eager_equal_steps=equal, steps=len(PLAN))
 

@@ -60,14 +60,16 @@ def event(message: str) -> None:
 @contextmanager
 def process_state_restored():
     """Put back what vLLM changes for the whole process during a call: it draws from torch's
-    global CPU generator (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own cache
-    when it compiles. The harness fails a test that leaves either changed (docs/reliability.md),
-    since it would taint the tests after it; this runtime, not vLLM, owns that promise."""
+    global CPU and CUDA generators (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own
+    cache when it compiles. The harness fails a test that leaves any of them changed
+    (docs/reliability.md), since it would taint the tests after it; this runtime, not vLLM, owns
+    that promise."""
     import torch
 
     environment = dict(os.environ)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=devices):
             yield
     finally:
         for name in set(os.environ) - set(environment):
