@@ -53,6 +53,11 @@ ROUTINES = {
 }
 
 
+GRAPH_MODES = tuple(m for m in CONFIG_MODES if m != "NONE")  # the config modes that capture graphs
+# The config modes whose mixed routine is a graph: prefill and mixed batches replay one there too.
+MIXED_GRAPH_MODES = tuple(m for m in CONFIG_MODES if ROUTINES[m][1] != "NONE")
+
+
 def lowest(modes) -> str:
     return min(modes, key=RUNTIME_MODES.index)
 

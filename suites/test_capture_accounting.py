@@ -18,11 +18,11 @@ from harness.scenarios.batches import mixed_requests, prefill
 from harness.graphs.log import LOG
 from harness.reports.records import Capture
 from harness.reliability.safe import describe_exception
-from harness.vocabulary import OBSERVED, RUNTIME_WORD, SPEC
+from harness.vocabulary import GRAPH_MODES, OBSERVED, RUNTIME_WORD, SPEC
 
 INVARIANT = "capture accounting"
 pytestmark = pytest.mark.requires("execution")
-MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+MODES = GRAPH_MODES
 
 
 def captured(check, engines, mode, spec):

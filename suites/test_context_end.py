@@ -18,11 +18,10 @@ from harness.expectations import kv, presets
 from harness.protocol import Request
 from harness.reliability.safe import describe_exception, safe_str
 from harness.scenarios.batches import describe_batch, prompt, reaching_the_end
-from harness.vocabulary import EAGER, OBSERVED
+from harness.vocabulary import EAGER, GRAPH_MODES, OBSERVED
 
 INVARIANT = "context end"
 pytestmark = pytest.mark.requires("execution")
-GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 LIMIT = ("max_model_len", "max_position")  # what a refusal names: the limit build() accepted, or the model's
 
 

@@ -14,14 +14,14 @@ import pytest
 
 from harness.expectations import expected
 from harness.scenarios.batches import describe_batch, mixed_requests, prefill
-from harness.vocabulary import EAGER, OWN_POLICY, SPEC, padded
+from harness.vocabulary import EAGER, MIXED_GRAPH_MODES, OWN_POLICY, SPEC, padded
 
 INVARIANT = "fallback"
 pytestmark = pytest.mark.requires("execution")
 
 
 @pytest.mark.requires("capture_sizes")
-@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("mode", MIXED_GRAPH_MODES)
 def test_at_and_around_the_max_capture_size(check, engines, mode):
     _around_the_max(check, engines, engines.for_mode(mode))
 

@@ -21,11 +21,11 @@ from harness.expectations.anchor import Anchor, top2_margin
 from harness.scenarios.batches import describe_batch, prompt, rows_changing_owner
 from harness.protocol import Request
 from harness.reports.records import Anchor as AnchorRecord
-from harness.vocabulary import INDEPENDENT_FORWARD
+from harness.vocabulary import INDEPENDENT_FORWARD, MIXED_GRAPH_MODES
 
 INVARIANT = "numerical anchor"
 pytestmark = pytest.mark.requires("execution", "loads_checkpoint")
-MODES = ["NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
+MODES = ["NONE", *MIXED_GRAPH_MODES]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 
 from harness.expectations import kv
 from harness.scenarios.batches import advance, decode_requests, describe_batch, mixed_requests, prefill, prefill_within
-from harness.vocabulary import EAGER, OBSERVED, OWN_POLICY
+from harness.vocabulary import CONFIG_MODES, EAGER, MIXED_GRAPH_MODES, OBSERVED, OWN_POLICY
 
 INVARIANT = "padding isolation"
 pytestmark = pytest.mark.requires("execution")
@@ -42,7 +42,7 @@ def padded_batches(engines, engine, seqs):
 
 
 @pytest.mark.requires("padding_fills")
-@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("mode", MIXED_GRAPH_MODES)
 def test_real_rows_ignore_what_padded_rows_hold(check, engines, mode, padding_fill):
     engine = engines.for_mode(mode)
     seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
@@ -69,7 +69,7 @@ def test_real_rows_ignore_what_padded_rows_hold(check, engines, mode, padding_fi
 
 
 @pytest.mark.requires("kv_inspection")
-@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("mode", CONFIG_MODES)
 def test_padded_rows_write_no_kv_slot(check, engines, mode):
     """Snapshot every slot, run padded steps, and allow changes only where real tokens wrote. The
     engine's own padding writes the same values every time (a stray write may find its own bits
@@ -122,7 +122,7 @@ def test_padded_rows_at_the_top_of_a_larger_grid_are_isolated(check, engines):
 
 
 @pytest.mark.requires("input_inspection")
-@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+@pytest.mark.parametrize("mode", MIXED_GRAPH_MODES)
 def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engines, mode):
     """The padded rows the engine itself wrote: token ids in the vocabulary, positions inside the
     model's length, the padding slot; and the same values after a large batch as after a small one
@@ -168,7 +168,7 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
                         "step before left there", steps_whose_ids_were_left=len(left_there))
 
 
-@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+@pytest.mark.parametrize("mode", MIXED_GRAPH_MODES)
 def test_a_small_batch_after_a_large_one_sees_fresh_metadata(check, engines, mode):
     """Large then small: the small step must match a fresh eager engine that never saw the large one."""
     engine = engines.for_mode(mode, fresh=True)

@@ -16,11 +16,10 @@ import pytest
 
 from harness.scenarios.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
                                       prefill, prefill_within, rows_changing_owner, uneven_requests)
-from harness.vocabulary import EAGER
+from harness.vocabulary import EAGER, GRAPH_MODES, MIXED_GRAPH_MODES
 
 INVARIANT = "replay equivalence"
 pytestmark = pytest.mark.requires("execution")
-GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 TWIN_EAGER = "an eager step of a second engine of the same runtime and mode, driven through the same steps"
 LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
 
@@ -94,7 +93,7 @@ def test_graph_equals_eager_at_the_top_of_a_larger_grid(check, engines):
 
 
 @pytest.mark.requires("speculative_steps")
-@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+@pytest.mark.parametrize("mode", MIXED_GRAPH_MODES)
 def test_graph_equals_eager_for_verify_batches_of_q_tokens(check, engines, mode):
     q = 2
     engine = engines.for_mode(mode, spec=q - 1)
