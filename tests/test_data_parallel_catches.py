@@ -28,7 +28,7 @@ MUST_CATCH = {
     # replayed at step 2; it shows when a rank is above the largest size and all must run eager.
     "MaxModeConsensus": (4, "agreed on eager"),
     "PadsUnderEager": (4, "no padding across ranks under NONE"),
-    "IdleSkipsTheForward": (3, "which launches 1 graph"),
+    "IdleSkipsTheForward": (3, "must launch 1 graph"),
     "DummyWritesKV": (3, "an idle rank's dummy batch must write none"),
     "KeepsOwnModeNoPolicy": (2, "every rank must run the same mode as rank 0"),
     "PadsToLocalSizeNoPolicy": (0, "every rank pads to the same size as rank 0"),

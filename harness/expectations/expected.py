@@ -103,6 +103,24 @@ def graph_launches(runtime_mode: str, pieces: int | None) -> int | None:
     return {"NONE": 0, "FULL": 1, "PIECEWISE": pieces}[runtime_mode]
 
 
+def launches_problem(runtime_mode: str, pieces: int | None, seen: int) -> str | None:
+    """What is wrong with a step reported as `runtime_mode` after which the harness counted `seen`
+    graph launches (None: nothing). The one rule for steps of any engine, ranks' included."""
+    launches = graph_launches(runtime_mode, pieces)
+    if launches is None:
+        return None if seen >= 2 else "a PIECEWISE step launches one graph per piece (two or more)"
+    return None if seen == launches else f"a step reported as {runtime_mode} must launch {launches} graph(s)"
+
+
+def eager_step_problem(runtime_mode: str, padded: int, asked: int, seen: int) -> str | None:
+    """What is wrong with an eager_step(padded_num_tokens=asked) that reported `runtime_mode` at
+    `padded` after `seen` graph launches (None: nothing): it must run eager, at that size, no graph."""
+    if (runtime_mode, padded, seen) == ("NONE", asked, 0):
+        return None
+    return (f"eager_step(padded_num_tokens={asked}) must run eager at that size: it ran {runtime_mode} at "
+            f"{padded} with {seen} graph launches")
+
+
 def default_attention(runtime) -> tuple[str, ...]:
     """The strongest declared backend (so expectations know its level); () where none is declared."""
     declared = sorted(runtime.capabilities.attention_backends, key=lambda b: SUPPORT_LEVELS.index(b[1]))

@@ -107,10 +107,10 @@ class ObservedEngine:
         seen = LOG.since(before)
         self._validate(result, requests, sum(len(r.token_ids) for r in requests), "eager_step()")
         check, batch = self.factory.check, describe_batch(requests)
-        check.that((result.runtime_mode, result.padded_num_tokens, seen.replays) == ("NONE", padded_num_tokens, 0),
-                   what=f"eager_step(padded_num_tokens={padded_num_tokens}) must run eager at that size",
-                   source=OBSERVED, case=batch, reported=(result.runtime_mode, result.padded_num_tokens),
-                   graph_launches_seen=seen.replays)
+        problem = expected.eager_step_problem(result.runtime_mode, result.padded_num_tokens, padded_num_tokens,
+                                              seen.replays)
+        check.that(problem is None, what=problem or "", source=OBSERVED, case=batch,
+                   reported=(result.runtime_mode, result.padded_num_tokens), graph_launches_seen=seen.replays)
         return result
 
     def _validate(self, result, requests, n: int, call: str) -> None:
@@ -127,14 +127,8 @@ class ObservedEngine:
         check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
         reported = (result.runtime_mode, result.padded_num_tokens)
         case = f"{batch}; ran {reported[0]} at {reported[1]}"
-        launches = expected.graph_launches(result.runtime_mode, self._pieces_per_size)
-        if launches is None:
-            check.that(seen.replays >= 2, what="a PIECEWISE step launches one graph per piece (two or more)",
-                       source=OBSERVED, case=case, graph_launches_seen=seen.replays)
-        else:
-            check.that(seen.replays == launches, source=OBSERVED, case=case,
-                       what=f"a step reported as {result.runtime_mode} must launch {launches} graph(s)",
-                       graph_launches_seen=seen.replays)
+        problem = expected.launches_problem(result.runtime_mode, self._pieces_per_size, seen.replays)
+        check.that(problem is None, what=problem or "", source=OBSERVED, case=case, graph_launches_seen=seen.replays)
         q = self.config.policy.query_len
         uniform = is_uniform(requests, q)
         num_reqs = len(requests) or None

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-from harness.expectations import kv
+from harness.expectations import expected, kv
 from harness.session import machine
 from harness.scenarios.batches import describe_batch
 from harness.reliability.processes import harness_owned
@@ -326,7 +326,6 @@ def _join(rank: int, world: int, backend: str, port: int) -> str:
 
 
 def _build(engines, rank, world, device, key, runtime, config) -> dict:
-    from harness.expectations import expected
     from harness.expectations import presets
     from harness.runtime import validate
 
@@ -365,16 +364,14 @@ def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
         seen = LOG.snapshot()
         eager = engine.eager_step(requests, result.padded_num_tokens)
         eager_problem = validate.step_result(eager, n, vocab, device)
-        ran = (eager.runtime_mode, eager.padded_num_tokens, LOG.since(seen).replays)
-        if not eager_problem and ran != ("NONE", result.padded_num_tokens, 0):
-            eager_problem = (f"ran {ran[0]} at {ran[1]} with {ran[2]} graph launches; expected NONE at "
-                             f"{result.padded_num_tokens} and none")
+        if not eager_problem:
+            eager_problem = expected.eager_step_problem(eager.runtime_mode, eager.padded_num_tokens,
+                                                        result.padded_num_tokens, LOG.since(seen).replays)
     return {"runtime_mode": result.runtime_mode, "num_tokens": result.num_tokens,
             "padded_num_tokens": result.padded_num_tokens, "logits": _packed(result.logits),
             "eager_logits": _packed(eager.logits) if eager is not None else None, "graph_launches": launches,
             "stray_kv_slots": stray,
-            "problem": f"the engine's eager_step(padded_num_tokens={result.padded_num_tokens}) {eager_problem}"
-            if eager_problem else None}
+            "problem": f"the engine's {eager_problem}" if eager_problem else None}
 
 
 def _release(engines, rank, world, device, key, request_ids) -> None:
