@@ -29,6 +29,11 @@ def pytest_configure(config):
     import transformers  # noqa: F401
     from transformers import LlamaForCausalLM  # noqa: F401
 
+    try:  # what hypothesis's pytest plugin imports, with libcst, to report each failing example
+        import hypothesis.extra._patching  # noqa: F401
+    except ImportError:
+        pass
+
     import harness.expectations.anchor  # noqa: F401
     import harness.reports.plots  # noqa: F401
     import reference_runtime.adapter  # noqa: F401
