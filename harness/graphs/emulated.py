@@ -33,14 +33,13 @@ kernel in a CUDA graph.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import modes
 from . import pool as pools
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
 from .log import LOG
@@ -149,7 +148,7 @@ def _returns_its_input(func, args, kwargs) -> bool:
     return not copy and memory_format in (None, torch.preserve_format)
 
 
-class _RecordingMode(TorchDispatchMode):
+class _RecordingMode(modes.HarnessMode):
     """Executes every aten op normally and records (func, args, kwargs, output, fresh outputs).
 
     What an op allocates is moved into the capture's memory pool (harness.graphs.pool), and the
@@ -158,15 +157,6 @@ class _RecordingMode(TorchDispatchMode):
     a storage that existed before the capture, a copy of that storage is kept, so the capture can
     be undone (see CUDAGraph.capture_end).
     """
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch keeps dynamo from tracing a dispatch mode by wrapping its __torch_dispatch__, which
-        # imports dynamo at the first op, in a process that may never need it, and costs every op a
-        # wrapper. Only compiled code can bring dynamo into a capture, and compiling loads it first:
-        # then capture_begin takes _RecordingModeOutsideDynamo, the wrapped kind (torch's own opt-out,
-        # described in TorchDispatchMode's docstring).
-        return False
 
     def __init__(self, graph_name: str, pool: pools.Pool):
         super().__init__()
@@ -257,17 +247,6 @@ class _RecordingMode(TorchDispatchMode):
                 tensor.fill_(float("nan") if tensor.is_floating_point() or tensor.is_complex() else 0)
 
 
-class _RecordingModeOutsideDynamo(_RecordingMode):
-    """The same recording, kept out of dynamo's tracing: for a process that has loaded dynamo."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # the method torch wraps
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
 class _HostReadGuard(TorchFunctionMode):
     def __init__(self, graph_name: str):
         super().__init__()
@@ -324,8 +303,7 @@ class CUDAGraph:
         if self._steps is not None:
             raise CaptureError(f"graph {self.name!r} is already captured; reset() it or make a new one")
         self._pool = pools.pool_for(pool)
-        recording = _RecordingModeOutsideDynamo if "torch._dynamo" in sys.modules else _RecordingMode
-        self._modes = (_HostReadGuard(self.name), recording(self.name, self._pool))
+        self._modes = (_HostReadGuard(self.name), modes.make(_RecordingMode, self.name, self._pool))
         for mode in self._modes:
             mode.__enter__()
 
