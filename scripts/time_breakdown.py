@@ -22,7 +22,7 @@ Pass CI=true in the environment to time CI's hypothesis profile (100 examples in
 --targets runs the README's two commands (every test under CI's profile, and the suites against
 the reference runtime) --runs times each, and says whether each run met its target in loop-times
 (TARGETS). With --out DIR it writes there what the README's figures are rendered from
-(scripts/figures.py): each command's last log, the table of every run (targets.log) and the
+(scripts/figures.py): each command's last log, the line of every run (targets.txt) and the
 machine (host.txt).
 """
 from __future__ import annotations
@@ -187,6 +187,12 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
+def run_line(run: int, name: str, summary: str, wall: float, yardstick: Yardstick, target: float, verdict: str) -> str:
+    """One run of one command in targets.txt (scripts/figures.py reads it back: TARGET_RUN)."""
+    return (f"run {run} {name}: {summary}; {wall:.1f} s wall, the loop {yardstick.before:.2f} s before and "
+            f"{yardstick.after:.2f} s after: {yardstick.times(wall):.1f} loop-times (target {target:g}): {verdict}")
+
+
 def targets(runs: int, out: Path | None) -> None:
     """The README's two commands, `runs` times each, against their targets in loop-times."""
     host, lines, met = machine(), [], defaultdict(int)
@@ -199,19 +205,18 @@ def targets(runs: int, out: Path | None) -> None:
             loop_times = yardstick.times(wall)
             ok = result.returncode == 0 and loop_times <= target
             met[name] += ok
-            line = (f"run {run}: {title}: {outcome(result.stdout)}; wall {wall:.1f} s, loop {yardstick.before:.2f} s "
-                    f"before and {yardstick.after:.2f} s after: {loop_times:.1f} loop-times, target {target:g}: "
-                    f"{'met' if ok else 'NOT MET' if result.returncode == 0 else f'pytest exit {result.returncode}'}")
+            verdict = "met" if ok else "NOT MET" if result.returncode == 0 else f"pytest exit {result.returncode}"
+            line = run_line(run, name, outcome(result.stdout), wall, yardstick, target, verdict)
             print(line, flush=True)
             lines.append(line)
             logs[name] = result.stdout + result.stderr
-    summary = [f"{title}: target met in {met[name]} of {runs} runs" for name, title, *_ in TARGETS]
+    summary = [f"{name}, {title}: target met in {met[name]} of {runs} runs" for name, title, *_ in TARGETS]
     print("\n".join(summary))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in logs.items():
-            (out / f"{name}.log").write_text(text)
-        (out / "targets.log").write_text("\n".join([host, *lines, *summary]) + "\n")
+            (out / f"{name}.log").write_text(text)  # the last run's: scripts/figures.py reads its summary line
+        (out / "targets.txt").write_text("\n".join([host, *lines, *summary]) + "\n")
         (out / "host.txt").write_text(host + "\n")
         print(f"logs in {out} (then: python scripts/figures.py)")
     sys.exit(0 if all(met[name] == runs for name, *_ in TARGETS) else 1)

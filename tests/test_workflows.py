@@ -149,6 +149,22 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     assert misused.returncode == 2 and "give no pytest arguments" in misused.stderr
 
 
+def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
+    """time_breakdown.py --targets writes one line a run (targets.txt); scripts/figures.py reads the
+    loop-times, the target and the verdict back from it for the README's table."""
+    sys.path[:0] = [str(ROOT / "scripts")]
+    import figures
+    import time_breakdown
+
+    yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
+    yardstick.before, yardstick.after = 1.0, 1.2
+    lines = [time_breakdown.run_line(1, "first-command", "342 passed, 49 skipped in 9.23s", 9.9, yardstick, 4.5, "NOT MET"),
+             time_breakdown.run_line(2, "first-command", "342 passed, 49 skipped in 4.1s", 4.4, yardstick, 4.5, "met")]
+    (tmp_path / "targets.txt").write_text("2 CPU cores\n" + "\n".join(lines) + "\n")
+    assert figures.cpu_targets(tmp_path) == {"first-command": [(9.0, 4.5, False), (4.0, 4.5, True)]}
+    assert figures.cpu_targets(tmp_path / "nowhere") == {}
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_the_step_breakdown_script_says_it_needs_a_gpu():
     """scripts/step_breakdown.py times the device; without one it says so (no traceback)."""
