@@ -139,9 +139,9 @@ def _written(func, args, kwargs) -> list[torch.Tensor]:
 
 
 def _returns_its_input(func, args, kwargs) -> bool:
-    """x.to(x's own dtype): the op's decomposition returns x itself and dispatches nothing (a no-op
-    that models cast to their own dtype many times a step)."""
-    if func is not aten.to.dtype or args[1] != args[0].dtype:
+    """x.to(x's own dtype): the op's decomposition returns x itself and dispatches nothing (a no-op a
+    model's code runs many times a step, which need not pay for entering the mode again)."""
+    if func is not aten.to.dtype or len(args) < 2 or args[1] != args[0].dtype:
         return False
     copy = args[3] if len(args) > 3 else kwargs.get("copy", False)
     memory_format = args[4] if len(args) > 4 else kwargs.get("memory_format")
