@@ -18,7 +18,7 @@ from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
-from harness.session import header, known_failures, machine, scheduling
+from harness.session import header, known_failures, machine, process_exit, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
@@ -117,6 +117,7 @@ def choose_graph_backend(asked: str | None, runtime) -> tuple[str | None, str | 
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own configure reads the seed
 def pytest_configure(config):
+    config.pluginmanager.register(process_exit, "cudagraph-conformance-process-exit")
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
     header.keep_benchmarks_quiet(config)
     config.addinivalue_line("markers", "vllm_runner(name): a vLLM case that holds an engine to that model runner")

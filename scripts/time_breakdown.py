@@ -1,10 +1,16 @@
-"""Where the time of a test run goes, the same way every time.
+"""Where the time of a test run goes, the same way every time, in seconds and in loop-times.
 
     python scripts/time_breakdown.py                           # the README's test command (-n 2)
     python scripts/time_breakdown.py suites/ --runtime reference -n 2
     python scripts/time_breakdown.py --profile suites/         # one serial run under cProfile
     python scripts/time_breakdown.py --profile suites/test_step_latency.py suites/test_serving.py \
         --graph-backend cuda --benchmark-only                   # the benchmark lane, on a GPU
+    python scripts/time_breakdown.py --targets [--runs 3] [--out reports/cpu/DATE]
+
+A loop-time is how long this machine takes for a plain Python loop of 20 million additions
+(`s = 0; for i in range(20_000_000): s += i`), timed just before and just after the run: a figure
+in loop-times travels between machines, and between quiet and busy phases of a shared one, where
+seconds do not. Every figure is printed in both.
 
 Without --profile: the run's wall time, the summed time of its tests (with N workers the wall
 time is about that over N, plus start-up and collection), the time per file and the slowest tests,
@@ -12,10 +18,18 @@ from pytest's --durations. With --profile the run is serial and ~1.5x slower: se
 named cost below. The costs nest (captures are part of engine builds, and both happen inside the
 in-process sessions of the self-tests), so they do not add up; subprocesses are timed as a whole.
 Pass CI=true in the environment to time CI's hypothesis profile (100 examples instead of 30).
+
+--targets runs the README's two commands (every test under CI's profile, and the suites against
+the reference runtime) --runs times each, and says whether each run met its target in loop-times
+(TARGETS). With --out DIR it writes there what the README's figures are rendered from
+(scripts/figures.py): each command's last log, the line of every run (targets.txt) and the
+machine (host.txt).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -27,6 +41,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)")
 OUTCOME = re.compile(r"\d+ (passed|failed|errors?|skipped)\b.* in \d")
+LOOP_ADDITIONS = 20_000_000
+
+# The README's two commands (log name, what it is, pytest arguments, environment, the most loop-times it may take).
+TARGETS = (
+    ("all-tests", "every test, CI's profile (`CI=true python -m pytest -n 2`)", ["-n", "2"], {"CI": "true"}, 27.0),
+    ("first-command", "the suites against the reference runtime (`python -m pytest suites/ --runtime reference -n 2`)",
+     ["suites/", "--runtime", "reference", "-n", "2"], {}, 4.5),
+)
 
 # name -> (file suffix, function name): the entry point whose cumulative time is that cost
 COSTS = {
@@ -51,17 +73,64 @@ COSTS = {
 }
 
 
+
+
+def loop_seconds(additions: int = LOOP_ADDITIONS) -> float:
+    """Seconds this machine takes for the yardstick loop, now: a loop of fewer additions is timed
+    and scaled to 20 million (noisier; for a quick look). Written as at a prompt or under `python -c`:
+    its names are globals, which a loop inside a function (local names) runs about twice as fast as."""
+    loop = compile(f"s = 0\nfor i in range({additions}):\n    s += i\n", "<the yardstick loop>", "exec")
+    start = time.perf_counter()
+    exec(loop, {})
+    return (time.perf_counter() - start) * LOOP_ADDITIONS / additions
+
+
+class Yardstick:
+    """The loop timed before and after a run; figures divided by their mean are in loop-times."""
+
+    additions = LOOP_ADDITIONS  # --loop-additions
+
+    def __init__(self):
+        self.before = loop_seconds(self.additions)
+        self.after: float | None = None
+
+    def close(self) -> None:
+        self.after = loop_seconds(self.additions)
+
+    @property
+    def seconds(self) -> float:
+        return (self.before + (self.after or self.before)) / 2
+
+    def times(self, seconds: float) -> float:
+        return seconds / self.seconds
+
+    def both(self, seconds: float) -> str:
+        return f"{seconds:.1f} s ({self.times(seconds):.1f} loop-times)"
+
+    def describe(self) -> str:
+        scaled = "" if self.additions == LOOP_ADDITIONS else f" (scaled from {self.additions:,})"
+        return (f"the loop of {LOOP_ADDITIONS:,} additions{scaled} took {self.before:.2f} s before the run and "
+                f"{self.after:.2f} s after it: a loop-time is {self.seconds:.2f} s here")
+
+
 def outcome(stdout: str) -> str:
     """pytest's last line: what passed, failed and skipped, and in how long."""
     return next((line.strip("= ") for line in reversed(stdout.splitlines()) if OUTCOME.search(line)), "(no summary line)")
 
 
+def timed_run(command: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, Yardstick]:
+    yardstick = Yardstick()
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    wall = time.monotonic() - start
+    yardstick.close()
+    return result, wall, yardstick
+
+
 def durations(args: list[str]) -> None:
     command = [sys.executable, "-m", "pytest", *args, "-q", "-rfE", "-p", "no:cacheprovider", "--durations=0",
                "--durations-min=0"]
-    start = time.monotonic()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    wall = time.monotonic() - start
+    result, wall, yardstick = timed_run(command)
     per_file, tests = defaultdict(float), defaultdict(float)
     for line in result.stdout.splitlines():
         if match := DURATION.match(line):
@@ -69,20 +138,21 @@ def durations(args: list[str]) -> None:
             per_file[nodeid.split("::")[0]] += seconds
             tests[nodeid] += seconds
     print(f"$ {' '.join(command[2:])}\n{outcome(result.stdout)}")
-    for line in result.stdout.splitlines():
-        if line.startswith(("FAILED ", "ERROR ")):
-            print(f"  {line}")
     if not tests:
         print(result.stdout[-3000:] + result.stderr[-3000:])
         sys.exit(f"no test durations in the output (pytest exit {result.returncode})")
     total = sum(tests.values())
-    print(f"wall {wall:.1f} s; summed test time {total:.1f} s (setup + call + teardown of {len(tests)} tests)\n")
+    print(f"wall {yardstick.both(wall)}; summed test time {yardstick.both(total)} "
+          f"(setup + call + teardown of {len(tests)} tests)\n{yardstick.describe()}\n")
+    for line in result.stdout.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"  {line}")
     print("per file:")
-    for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:15]:
-        print(f"  {seconds:7.1f} s {100 * seconds / total:5.1f}%  {name}")
+    for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:20]:
+        print(f"  {seconds:7.1f} s {yardstick.times(seconds):6.2f} lt {100 * seconds / total:5.1f}%  {name}")
     print("\nslowest tests:")
-    for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:15]:
-        print(f"  {seconds:7.1f} s  {nodeid}")
+    for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:20]:
+        print(f"  {seconds:7.1f} s {yardstick.times(seconds):6.2f} lt  {nodeid}")
     sys.exit(result.returncode)
 
 
@@ -93,27 +163,85 @@ def profile(args: list[str]) -> None:
         out = Path(tmp) / "run.prof"
         command = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "pytest", *args, "-q", "-p", "no:xdist",
                    "-p", "no:cacheprovider"]
-        start = time.monotonic()
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        wall = time.monotonic() - start
+        result, wall, yardstick = timed_run(command)
         if not out.exists():
             print(result.stdout[-3000:] + result.stderr[-3000:])
             sys.exit(f"the profiled run left no profile (pytest exit {result.returncode})")
         stats = pstats.Stats(str(out)).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
-    print(f"$ pytest {' '.join(args)} (serial, under cProfile)\n{outcome(result.stdout)}\nwall {wall:.1f} s\n")
+    print(f"$ pytest {' '.join(args)} (serial, under cProfile)\n{outcome(result.stdout)}\n"
+          f"wall {yardstick.both(wall)}\n{yardstick.describe()}\n")
     for name, (suffix, wanted) in COSTS.items():
         seconds, calls = 0.0, 0
         for (filename, _, function), (_, primitive, _, cumulative, _) in stats.items():
             if filename.endswith(suffix) and function == wanted:
                 seconds, calls = seconds + cumulative, calls + primitive
-        print(f"  {seconds:7.1f} s {100 * seconds / wall:5.1f}%  {name} ({calls} calls)")
+        print(f"  {seconds:7.1f} s {yardstick.times(seconds):6.2f} lt {100 * seconds / wall:5.1f}%  {name} ({calls} calls)")
     sys.exit(result.returncode)
+
+
+def machine() -> str:
+    import torch
+
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "unknown"
+    return (f"{os.cpu_count()} CPU cores, load average {load} before the runs; "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def run_line(run: int, name: str, summary: str, wall: float, yardstick: Yardstick, target: float, verdict: str) -> str:
+    """One run of one command in targets.txt (scripts/figures.py reads it back: TARGET_RUN)."""
+    return (f"run {run} {name}: {summary}; {wall:.1f} s wall, the loop {yardstick.before:.2f} s before and "
+            f"{yardstick.after:.2f} s after: {yardstick.times(wall):.1f} loop-times (target {target:g}): {verdict}")
+
+
+def targets(runs: int, out: Path | None) -> None:
+    """The README's two commands, `runs` times each, against their targets in loop-times."""
+    host, lines, met = machine(), [], defaultdict(int)
+    print(host)
+    logs = {}
+    for run in range(1, runs + 1):
+        for name, title, args, env, target in TARGETS:
+            command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
+            result, wall, yardstick = timed_run(command, env)
+            loop_times = yardstick.times(wall)
+            ok = result.returncode == 0 and loop_times <= target
+            met[name] += ok
+            verdict = "met" if ok else "NOT MET" if result.returncode == 0 else f"pytest exit {result.returncode}"
+            line = run_line(run, name, outcome(result.stdout), wall, yardstick, target, verdict)
+            print(line, flush=True)
+            lines.append(line)
+            logs[name] = result.stdout + result.stderr
+    summary = [f"{name}, {title}: target met in {met[name]} of {runs} runs" for name, title, *_ in TARGETS]
+    print("\n".join(summary))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in logs.items():
+            (out / f"{name}.log").write_text(text)  # the last run's: scripts/figures.py reads its summary line
+        (out / "targets.txt").write_text("\n".join([host, *lines, *summary]) + "\n")
+        (out / "host.txt").write_text(host + "\n")
+        print(f"logs in {out} (then: python scripts/figures.py)")
+    sys.exit(0 if all(met[name] == runs for name, *_ in TARGETS) else 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", action="store_true", help="one serial run under cProfile, costs by name")
+    parser.add_argument("--targets", action="store_true", help="the README's two commands against their targets")
+    parser.add_argument("--runs", type=int, default=1, help="with --targets: how many times to run each (default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="with --targets: write the logs and table into OUT")
+    parser.add_argument("--loop-additions", type=int, default=LOOP_ADDITIONS,
+                        help="time a shorter yardstick loop, scaled to 20 million additions (noisier)")
     known, pytest_args = parser.parse_known_args()
+    if known.loop_additions < 1:
+        parser.error("--loop-additions must be 1 or more")
+    Yardstick.additions = known.loop_additions
+    if known.targets:
+        if pytest_args or known.profile:
+            parser.error("--targets runs the README's own commands: give no pytest arguments and no --profile")
+        if known.runs < 1:
+            parser.error("--runs must be 1 or more")
+        targets(known.runs, known.out)
+    if known.out is not None or known.runs != 1:
+        parser.error("--runs and --out go with --targets")
     if known.profile:
         if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in pytest_args):
             parser.error("--profile runs serially, in one process: leave out -n")

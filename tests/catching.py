@@ -7,8 +7,11 @@ seconds of imports and the harness keeps its state in objects registered per ses
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import torch
+from filelock import FileLock  # torch's own dependency
 from hypothesis import Phase, settings
 
 from harness.session.hypothesis_profiles import default_profile
@@ -70,3 +73,42 @@ def assert_caught(pytester, record_property, runtime_spec: str, doc: str, target
     text = failure_text(report)
     absent = [word for word in mentions if word not in text]
     assert not absent, f"{runtime_spec} was caught, but the failure does not say {absent}:\n{text[-3000:]}"
+
+
+# The example engine's suites from this checkout, as its own test and the packaging test both read them.
+CHECKOUT_SEED = "12345"
+CHECKOUT_OPTIONS = ("--runtime", "bucket-engine", "-p", "no:xdist", "--hypothesis-seed", CHECKOUT_SEED, "-q")
+
+
+def checkout_run(pytester, report_dir: Path) -> dict:
+    """Every suite against the bucket engine (its entry point) from this checkout, in this process, as
+    `cudagraph-conformance` runs them from the wheel (tests/test_packaging.py): pytest's exit status,
+    the end of its output and the JSON report."""
+    outer = getattr(settings, "get_current_profile_name", lambda: None)()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the wheel's run (OMP_NUM_THREADS=1): threads only oversubscribe a busy machine
+    try:
+        result = pytester.runpytest(str(SUITES), *CHECKOUT_OPTIONS, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
+                                    "--tb=native", "--report-dir", str(report_dir))
+        result.reprec.calls.clear()  # see run_suites
+    finally:
+        torch.set_num_threads(threads)
+        if outer is not None:
+            settings.load_profile(outer)
+    (report,) = report_dir.glob("conformance-*.json") if report_dir.is_dir() else (None,)
+    return {"ret": int(result.ret), "output": result.stdout.str()[-3000:],
+            "report": json.loads(report.read_text()) if report else None}
+
+
+def once_per_run(tmp_path_factory, name: str, make) -> dict:
+    """make(folder), a JSON-able result, computed once per test run and read by every test that asks
+    for `name`, on any xdist worker: the first to ask makes it (the others wait for it); a folder
+    of its own is the run's alone (xdist's workers share the parent of their base temp)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, saved = root / f"once-{name}", root / f"once-{name}.json"
+    with FileLock(str(root / f"once-{name}.lock")):
+        if not saved.exists():
+            folder.mkdir(exist_ok=True)
+            saved.write_text(json.dumps(make(folder)))
+    return json.loads(saved.read_text())

@@ -4,6 +4,8 @@ import functools
 import platform
 import re
 
+import pytest
+
 CATCH_TABLE = {}
 
 # Each in-process pytest session of the self-tests (pytester) starts pytest-benchmark, which runs
@@ -29,6 +31,11 @@ def pytest_configure(config):
     import transformers  # noqa: F401
     from transformers import LlamaForCausalLM  # noqa: F401
 
+    try:  # what hypothesis's pytest plugin imports, with libcst, to report each failing example
+        import hypothesis.extra._patching  # noqa: F401
+    except ImportError:
+        pass
+
     import harness.expectations.anchor  # noqa: F401
     import harness.reports.plots  # noqa: F401
     import reference_runtime.adapter  # noqa: F401
@@ -39,6 +46,16 @@ def pytest_configure(config):
     # worker, as machine.share gives: two workers on two cores, and the model's tensors are tiny.
     if hasattr(config, "workerinput"):
         torch.set_num_threads(1)
+
+
+@pytest.fixture
+def bucket_engine_in_the_checkout(pytester, tmp_path_factory) -> dict:
+    """Every suite against the bucket engine from this checkout (tests.catching.checkout_run): run once
+    a test run, for the engine's own test and the packaging test's comparison with the wheel."""
+    from tests import catching
+
+    return catching.once_per_run(tmp_path_factory, "bucket-engine-checkout",
+                                 lambda folder: catching.checkout_run(pytester, folder / "report"))
 
 
 def pytest_runtest_logreport(report):

@@ -21,10 +21,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 
 import harness
 from cudagraph_conformance import run
+from tests import catching
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGED = ("harness", "reference_runtime", "cudagraph_conformance")
 BUILD_INPUTS = ("pyproject.toml", "README.md", *PACKAGED, "suites", "examples/bucket_engine")
-SEED = "12345"
 
 
 def tree_packages() -> set[str]:
@@ -158,29 +157,24 @@ def test_the_sdist_and_the_wheel_carry_every_file_the_suites_need(built):
     assert suites == {path.name for path in (ROOT / "suites").glob("*.py")}
 
 
-def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_path, pytester):
-    """The example engine's suites from the wheel, in a temporary directory, and from this checkout:
-    the same tests with the same outcomes, the same suites digest, the same harness version; the
-    commit only where the harness is this project's own checkout."""
+def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_path, bucket_engine_in_the_checkout):
+    """The example engine's suites from the wheel, in a temporary directory, and from this checkout
+    (the session tests/test_broken_example_engines.py reads too, run once): the same tests with the
+    same outcomes, the same suites digest, the same harness version; the commit only where the
+    harness is this project's own checkout."""
     work = tmp_path / "engine-repo"
     work.mkdir()
     where = check_run([str(venv / "bin" / "python"), "-c", "import harness, cudagraph_conformance.run as r; "
                        "print(harness.__file__); print(r.suites_root())"], cwd=work).stdout.split()
     assert all(Path(path).is_relative_to(venv) for path in where), where  # not this checkout
 
-    options = ["--runtime", "bucket-engine", "-p", "no:xdist", "--hypothesis-seed", SEED, "-q"]
-    check_run([str(venv / "bin" / "cudagraph-conformance"), *options, "--report-dir", "reports"], cwd=work)
+    check_run([str(venv / "bin" / "cudagraph-conformance"), *catching.CHECKOUT_OPTIONS, "--report-dir", "reports"],
+              cwd=work)
     from_wheel = json.loads((work / "reports" / "conformance-bucket-engine.json").read_text())
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the wheel's run (OMP_NUM_THREADS=1): threads only oversubscribe a busy machine
-    try:
-        result = pytester.runpytest(str(ROOT / "suites"), *options, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
-                                    "--report-dir", str(tmp_path / "repo"))
-    finally:
-        torch.set_num_threads(threads)
-    assert result.ret == 0, result.stdout.str()[-3000:]
-    from_repo = json.loads((tmp_path / "repo" / "conformance-bucket-engine.json").read_text())
+    checkout = bucket_engine_in_the_checkout
+    assert checkout["ret"] == 0, checkout["output"]
+    from_repo = checkout["report"]
 
     outcomes = {run_: {t["nodeid"]: t["outcome"] for t in r["tests"]}
                 for run_, r in (("wheel", from_wheel), ("repo", from_repo))}

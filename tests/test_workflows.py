@@ -127,18 +127,42 @@ def test_ci_fails_when_no_test_runs(tmp_path):
 
 
 def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
-    """scripts/time_breakdown.py: wall time, summed test time, per-file and slowest tests."""
+    """scripts/time_breakdown.py: wall time, summed test time, per-file and slowest tests, each also
+    in loop-times (the yardstick loop, timed before and after the run)."""
     (tmp_path / "test_two.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.2)\n\n"
                                           "def test_fast():\n    pass\n")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), str(tmp_path / "test_two.py"),
-                             "-p", "no:xdist", "--rootdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--loop-additions", "2000000",
+                             str(tmp_path / "test_two.py"), "-p", "no:xdist", "--rootdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert re.match(r"2 passed in ", lines[1]) and re.match(r"wall \d+\.\d s; summed test time 0\.[2-9] s", lines[2])
+    assert re.match(r"2 passed in ", lines[1])
+    assert re.match(r"wall \d+\.\d s \(\d+\.\d loop-times\); summed test time 0\.[2-9] s \(\d\.\d loop-times\)", lines[2])
+    loop = re.match(r"the loop of 20,000,000 additions \(scaled from 2,000,000\) took (\d+\.\d+) s before the run and (\d+\.\d+) s after it", lines[3])
+    assert loop and float(loop[1]) > 0 and float(loop[2]) > 0, lines[3]
     assert "test_two.py::test_slow" in lines[lines.index("slowest tests:") + 1]
     unusable = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--profile", "-n", "2"],
                               capture_output=True, text=True, timeout=60)
     assert unusable.returncode == 2 and "leave out -n" in unusable.stderr
+    misused = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--targets", "-n", "2"],
+                             capture_output=True, text=True, timeout=60)
+    assert misused.returncode == 2 and "give no pytest arguments" in misused.stderr
+
+
+def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
+    """time_breakdown.py --targets writes one line a run (targets.txt); scripts/figures.py reads the
+    loop-times, the target and the verdict back from it for the README's table."""
+    sys.path[:0] = [str(ROOT / "scripts")]
+    import figures
+    import time_breakdown
+
+    yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
+    yardstick.before, yardstick.after = 1.0, 1.2
+    lines = [time_breakdown.run_line(1, "first-command", "342 passed, 49 skipped in 9.23s", 9.9, yardstick, 4.5, "NOT MET"),
+             time_breakdown.run_line(2, "first-command", "342 passed, 49 skipped in 4.1s", 4.4, yardstick, 4.5, "met")]
+    (tmp_path / "targets.txt").write_text("2 CPU cores\n" + "\n".join(lines) + "\n")
+    assert figures.cpu_targets(tmp_path) == {"first-command": [(9.0, 4.5, False), (4.0, 4.5, True)]}
+    assert figures.cpu_targets(tmp_path / "nowhere") == {}
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -12,8 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
+from . import modes
 from .log import LOG
 
 # Ops that move no data: views, metadata and allocation. A graph would not launch a kernel for them.
@@ -37,7 +36,7 @@ class Submissions:
         return asdict(self)
 
 
-class _OpCounter(TorchDispatchMode):
+class _OpCounter(modes.HarnessMode):
     def __init__(self):
         super().__init__()
         self.ops = 0
@@ -56,7 +55,7 @@ def count(fn, device: str) -> Submissions:
     if device == "cuda":
         return _count_cuda(fn)
     before = LOG.snapshot()
-    counter = _OpCounter()
+    counter = modes.make(_OpCounter)
     with counter:
         fn()
     seen = LOG.since(before)

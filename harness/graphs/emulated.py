@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import modes
 from . import pool as pools
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
 from .log import LOG
@@ -120,17 +120,35 @@ def _forbidden_reason(func, args, kwargs) -> str | None:
     return _reason_by_kind(func)
 
 
+@functools.lru_cache(maxsize=None)
+def _written_arguments(func) -> tuple[tuple[int, str], ...]:
+    """(position, name) of each argument the op writes into (in-place and out=); none for a functional op."""
+    if not func._schema.is_mutable:
+        return ()
+    return tuple((index, argument.name) for index, argument in enumerate(func._schema.arguments)
+                 if argument.alias_info is not None and argument.alias_info.is_write)
+
+
 def _written(func, args, kwargs) -> list[torch.Tensor]:
     """The tensors an op writes into (in-place and out= arguments)."""
     written = []
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            value = args[index] if index < len(args) else kwargs.get(argument.name)
-            written += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
+    for index, name in _written_arguments(func):
+        value = args[index] if index < len(args) else kwargs.get(name)
+        written += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
     return written
 
 
-class _RecordingMode(TorchDispatchMode):
+def _returns_its_input(func, args, kwargs) -> bool:
+    """x.to(x's own dtype): the op's decomposition returns x itself and dispatches nothing (a no-op a
+    model's code runs many times a step, which need not pay for entering the mode again)."""
+    if func is not aten.to.dtype or len(args) < 2 or args[1] != args[0].dtype:
+        return False
+    copy = args[3] if len(args) > 3 else kwargs.get("copy", False)
+    memory_format = args[4] if len(args) > 4 else kwargs.get("memory_format")
+    return not copy and memory_format in (None, torch.preserve_format)
+
+
+class _RecordingMode(modes.HarnessMode):
     """Executes every aten op normally and records (func, args, kwargs, output, fresh outputs).
 
     What an op allocates is moved into the capture's memory pool (harness.graphs.pool), and the
@@ -156,6 +174,8 @@ class _RecordingMode(TorchDispatchMode):
         # Under inference_mode composite ops reach us undecomposed; decompose them with this
         # mode active so the recorded ops (and hidden syncs) are the same as under no_grad.
         if _is_composite(func):
+            if _returns_its_input(func, args, kwargs):
+                return args[0]
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
@@ -163,17 +183,18 @@ class _RecordingMode(TorchDispatchMode):
         reason = _forbidden_reason(func, args, kwargs)
         if reason:
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
-        if func._schema.is_mutable:
+        if _written_arguments(func):
             for tensor in _written(func, args, kwargs):
                 storage = tensor.untyped_storage()
                 key = storage.data_ptr()
                 if key not in self.allocated and key not in self.saved and storage.nbytes():
                     self.saved[key] = (storage, storage.clone())
         output = func(*args, **kwargs)
-        fresh = _fresh_outputs(args, kwargs, output)
+        outputs = _leaves(output)
+        fresh = _fresh_outputs(args, kwargs, outputs)
         with torch._C._DisableTorchDispatch():
             self._place(fresh)
-            self._watch(output)
+            self._watch(outputs)
             recorded = _map_leaves((args, kwargs, output), self._recorded)
             fresh = [(index, self._recorded(tensor)) for index, tensor in fresh]
         self.ops.append((func, *recorded, fresh))
@@ -183,21 +204,24 @@ class _RecordingMode(TorchDispatchMode):
         """Move each storage the op allocated into a block of the pool (a freed one where one fits)."""
         moved: dict[int, pools.Block] = {}
         for _, tensor in fresh:
-            key = tensor.untyped_storage().data_ptr()
-            if not tensor.untyped_storage().nbytes():
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if not storage.nbytes():
                 continue  # holds nothing: no block
-            if key not in moved:
-                moved[key], reused = self.pool.allocate(tensor.untyped_storage())
-                self.new_bytes += 0 if reused else moved[key].nbytes
-                self.allocated.add(moved[key].storage.data_ptr())
-            if moved[key].storage.data_ptr() != key:
-                pools.move(tensor, moved[key])
-            moved[key].use(tensor)  # in use from now: the op's other outputs take other blocks
+            block = moved.get(key)
+            if block is None:
+                block, reused = self.pool.allocate(storage)
+                moved[key] = block
+                self.new_bytes += 0 if reused else block.nbytes
+                self.allocated.add(block.address)
+            if block.address != key:
+                pools.move(tensor, block)
+            block.use(tensor)  # in use from now: the op's other outputs take other blocks
 
     @staticmethod
-    def _watch(output) -> None:
+    def _watch(outputs: list) -> None:
         """Each tensor the op hands the program that lies in pool memory keeps its block in use."""
-        for leaf in _leaves(output):
+        for leaf in outputs:
             if isinstance(leaf, torch.Tensor) and (block := pools.block_of(leaf)) is not None:
                 block.use(leaf)
 
@@ -234,10 +258,11 @@ class _HostReadGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _fresh_outputs(args, kwargs, output) -> list[tuple[int, torch.Tensor]]:
-    """(leaf index, tensor) for each output leaf that the op allocated rather than aliased."""
+def _fresh_outputs(args, kwargs, outputs: list) -> list[tuple[int, torch.Tensor]]:
+    """(leaf index, tensor) for each output leaf (`outputs`: the output's leaves) that the op
+    allocated rather than aliased."""
     input_storages = {t.untyped_storage().data_ptr() for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-    return [(i, t) for i, t in enumerate(_leaves(output))
+    return [(i, t) for i, t in enumerate(outputs)
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in input_storages]
 
 
@@ -278,7 +303,7 @@ class CUDAGraph:
         if self._steps is not None:
             raise CaptureError(f"graph {self.name!r} is already captured; reset() it or make a new one")
         self._pool = pools.pool_for(pool)
-        self._modes = (_HostReadGuard(self.name), _RecordingMode(self.name, self._pool))
+        self._modes = (_HostReadGuard(self.name), modes.make(_RecordingMode, self.name, self._pool))
         for mode in self._modes:
             mode.__enter__()
 

@@ -33,7 +33,7 @@ class Block:
     watched through a weak reference: when the last goes, the block is free)."""
 
     def __init__(self, storage: torch.UntypedStorage, pool: "Pool"):
-        self.storage, self.nbytes = storage, storage.nbytes()
+        self.storage, self.nbytes, self.address, self.device = storage, storage.nbytes(), storage.data_ptr(), storage.device
         self.pool = weakref.ref(pool)
         self.users: list[weakref.ref] = []
         self.live = 0
@@ -77,7 +77,7 @@ class Pool:
         (its values are copied there), or the storage itself as a new block. (block, reused?) The
         block is in use from here: give it its users (Block.use) before the next allocation."""
         size, device = storage.nbytes(), storage.device
-        fits = [b for b in self.free if b.nbytes >= size and b.storage.device == device and b.free_now()]
+        fits = [b for b in self.free if b.nbytes >= size and b.device == device and b.free_now()]
         if fits:
             block = min(fits, key=lambda b: b.nbytes)
             self.free.discard(block)

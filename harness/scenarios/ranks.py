@@ -45,9 +45,9 @@ MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
 # fork from a server that imported torch once.
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
 # Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds:
-# what every rank needs before it builds an engine, and torch._dynamo, which the emulator's first
-# capture would import (torch's dispatch modes do, on first use: ~1.5 s in every rank).
-PRELOAD = ("torch", "torch.distributed", "safetensors.torch", "torch._dynamo")
+# what every rank needs before it builds an engine, and what torch imports on the first capture of
+# a matmul (its decomposition's shape guards, with sympy), which every rank would import again.
+PRELOAD = ("torch", "torch.distributed", "safetensors.torch", "torch.fx.experimental.symbolic_shapes")
 
 
 class RankFailure(Exception):

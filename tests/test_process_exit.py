@@ -1,0 +1,79 @@
+"""The end of a pytest process (harness/session/process_exit.py): one garbage collection, then the
+rest frozen, so that pytest's own passes and the interpreter's walk nothing. What pytest's passes
+were for still happens: an exception raised in a finalizer of the session's garbage is reported.
+A session run inside a test leaves the collector to the session around it."""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from tests.test_hostile_runtimes import PLUGIN, importable_from_anywhere  # noqa: F401 (a fixture)
+
+LEAVES_A_CYCLE = '''
+import gc
+
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        raise ValueError("raised in a finalizer at the end")
+
+
+def test_leaves_garbage_with_a_raising_finalizer():
+    gc.disable()  # no collection before the end of the session finds it
+    Cycle()
+    gc.enable()
+'''
+
+# Where the process ends: whether the collector's objects were frozen by then.
+CONFTEST = '''
+import atexit
+import gc
+
+import harness.session.process_exit as process_exit
+
+
+@atexit.register
+def _frozen_at_exit():
+    with open("frozen-at-exit.txt", "w") as out:
+        out.write(str(gc.get_freeze_count() > 0))
+'''
+# A process end built to slip past the check: frozen without the collection first.
+SKIPS_THE_COLLECTION = '''
+import types
+
+process_exit.gc = types.SimpleNamespace(collect=lambda: 0, freeze=gc.freeze, unfreeze=gc.unfreeze,
+                                        isenabled=gc.isenabled)
+'''
+
+
+def run_ending(pytester, conftest: str):
+    pytester.makeconftest(CONFTEST + conftest)
+    pytester.makepyfile(test_cycle=LEAVES_A_CYCLE)
+    return pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "-p", "no:xdist")
+
+
+def test_an_exception_in_a_finalizer_at_the_end_is_reported_and_the_process_ends_frozen(pytester):
+    result = run_ending(pytester, "")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 0, output[-3000:]
+    assert "PytestUnraisableExceptionWarning" in output and "raised in a finalizer at the end" in output, output[-3000:]
+    assert (Path(pytester.path) / "frozen-at-exit.txt").read_text() == "True"
+
+
+def test_a_process_end_that_freezes_without_collecting_is_caught(pytester):
+    """The check above, shown failing: frozen first, the garbage is never finalised, and nothing is reported."""
+    result = run_ending(pytester, SKIPS_THE_COLLECTION)
+    output = result.stdout.str() + result.stderr.str()
+    assert "raised in a finalizer at the end" not in output, output[-3000:]
+
+
+def test_a_session_inside_a_test_leaves_the_collector_to_the_session_around_it(pytester):
+    pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
+    before = gc.get_freeze_count()
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "-p", "no:xdist")
+    assert result.ret == 0
+    assert gc.get_freeze_count() == before
+    assert gc.isenabled()
