@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import torch
-from filelock import FileLock  # torch's own dependency
+from filelock import FileLock
 from hypothesis import Phase, settings
 
 from harness.session.hypothesis_profiles import default_profile
