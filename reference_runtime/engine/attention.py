@@ -31,7 +31,7 @@ class Metadata:
     num_tokens: int  # padded
     uniform_q: int | None  # tokens per request when the layout is uniform, else None
     num_reqs: int  # request rows in use (dummy rows for padding included)
-    max_seq_len: int  # the longest context after this step, a host value (frozen in a graph, like the rest)
+    host_seq_lens: list[int]  # the plan's context lengths after this step, on the host (frozen in a graph)
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T], -1 for padded rows
     token_req: torch.Tensor  # [T] request row of each token
@@ -39,6 +39,12 @@ class Metadata:
     seq_lens: torch.Tensor  # [rows] context length after this step
     query_start_loc: torch.Tensor  # [rows + 1]
     context_window: torch.Tensor  # arange(max_model_len), static
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest context after this step, a host value: what a kernel sized on the host reads
+        (computed only where asked: the reference backends size nothing on the host)."""
+        return max(self.host_seq_lens)
 
 
 def attend(q, k, v, mask, scale):

@@ -188,7 +188,7 @@ class StaticBuffers:
         """Views for a step at the plan's padded size, with its (frozen) layout decisions."""
         n = plan.num_padded_tokens
         return Metadata(
-            num_tokens=n, uniform_q=plan.uniform_q, num_reqs=plan.num_rows, max_seq_len=max(plan.seq_lens),
+            num_tokens=n, uniform_q=plan.uniform_q, num_reqs=plan.num_rows, host_seq_lens=plan.seq_lens,
             positions=self.positions[:n], slot_mapping=self.slot_mapping[:n], token_req=self.token_req[:n],
             block_tables=self.block_tables, seq_lens=self.seq_lens, query_start_loc=self.query_start_loc,
             context_window=self.context_window,
