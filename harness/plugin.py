@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import shlex
+from collections import Counter
 
 import pytest
 
@@ -18,7 +19,7 @@ from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
-from harness.session import header, known_failures, machine, process_exit, scheduling
+from harness.session import device_share, header, known_failures, machine, process_exit, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
@@ -63,6 +64,9 @@ def pytest_addoption(parser):
                          "that cannot run the tiny model's shapes runs the suites on 'small'")
     group.addoption("--bench-preset", default="small", metavar="NAME",
                     help="model preset for the benchmark lane (default %(default)s)")
+    group.addoption("--only-declared", action="store_true",
+                    help="deselect, not skip, the tests that do not apply to the runtime (a capability it does not "
+                         "declare, a vLLM runner its release is not modelled for); the report counts them by reason")
     group.addoption("--no-supervisor", action="store_true",
                     help="run the session in the pytest process itself, not in a child it forks and watches "
                          "(for a debugger that follows the first process); a process that dies then leaves no "
@@ -133,6 +137,10 @@ def pytest_configure(config):
     conformance = Conformance(config, runtime, option)
     config.stash[CONFORMANCE] = conformance
     config.pluginmanager.register(scheduling, "cudagraph-conformance-scheduling")
+    config.addinivalue_line("markers", device_share.MARKER_HELP)
+    share = device_share.for_worker(config, conformance.graph_backend)
+    if share is not None:
+        config.pluginmanager.register(share, "cudagraph-conformance-device-share")
     config.pluginmanager.register(robustness.Robustness(config, runtime), "cudagraph-conformance-robustness")
     try:
         known = known_failures.KnownFailurePlugin.from_config(config, runtime, conformance.graph_backend)
@@ -198,7 +206,10 @@ def pytest_generate_tests(metafunc):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     c = conformance_of(config)
+    only_declared = config.getoption("only_declared", False)
+    kept, not_applicable = [], []
     for item in items:
+        kept.append(item)
         try:
             missing = missing_capabilities(item, c.runtime.capabilities)
         except pytest.UsageError as exc:
@@ -208,14 +219,22 @@ def pytest_collection_modifyitems(config, items):
             # there the test errors at setup with it instead.
             item.stash[_UNKNOWN] = str(exc)
             continue
+        reason = skip_reason(c.runtime.name, missing) if missing else vllm_rules_skip(item, c.runtime)
+        if reason is not None and only_declared:
+            kept.pop()
+            not_applicable.append((item, reason))
         # append=False: the first skip mark is the reason shown, and a missing capability says
         # more than a parameter's own skip (a padding fill it cannot make, say).
-        if missing:
-            item.add_marker(pytest.mark.skip(reason=skip_reason(c.runtime.name, missing)), append=False)
-        elif (reason := vllm_rules_skip(item, c.runtime)) is not None:
+        elif reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason), append=False)
         elif c.no_backend and {"engines", "graph_backend"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.skip(reason=c.no_backend), append=False)
+    if not_applicable:
+        items[:] = kept
+        config.hook.pytest_deselected(items=[item for item, _ in not_applicable])
+    config.stash[report.NOT_APPLICABLE] = dict(Counter(reason for _, reason in not_applicable))
+    if hasattr(config, "workerinput"):  # for the controller's report (RunReport.pytest_testnodedown)
+        config.workeroutput[report.NOT_APPLICABLE_KEY] = config.stash[report.NOT_APPLICABLE]
 
 
 _UNKNOWN = pytest.StashKey[str]()

@@ -26,7 +26,10 @@ status=0
 pids=()
 for entry in "${runtimes[@]}"; do
     name=${entry%%=*}
-    python -m pytest suites/ --runtime "${entry#*=}" --graph-backend cuda -p no:xdist -p no:cacheprovider \
+    # torch.compile's runtimes compile every new shape (seconds each): xdist workers share the GPU
+    # (a test that measures its free memory runs alone: harness/session/device_share.py).
+    case $name in *-compile) workers=(-n "${MATRIX_COMPILE_WORKERS:-4}") ;; *) workers=(-p no:xdist) ;; esac
+    python -m pytest suites/ --runtime "${entry#*=}" --graph-backend cuda "${workers[@]}" -p no:cacheprovider \
         --benchmark-skip --report-dir "$out/$name" -q -rs >"$out/$name.log" 2>&1 &
     pids+=($!)
 done

@@ -117,7 +117,7 @@ for path in suites/test_*.py; do  # any suite added later runs too, last
 done
 timeout -s INT -k 30 "$left" "$python" -m pytest "${paths[@]}" \
     --runtime cudagraph_lmdeploy_engine.runtime:LmdeployEngineRuntime --graph-backend cuda --preset "$preset" \
-    -p no:xdist -p no:cacheprovider --benchmark-skip --report-dir "$out/report" -q -rs --tb=short \
+    -p no:xdist -p no:cacheprovider --benchmark-skip --only-declared --report-dir "$out/report" -q -rs --tb=short \
     --show-capture=no --test-timeout 240 > "$out/suites.log" 2>&1
 status=$?
 tail -n 60 "$out/suites.log" | cut -c1-300

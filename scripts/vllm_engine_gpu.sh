@@ -18,10 +18,10 @@
 #                     TRITON_F32_DEFAULT=ieee, so the runtime declares IEEE and is held to its tolerance
 #                                                                                     -> strict.log,
 #                     conformance-vllm-engine-ieee.json
-#   suites   ~280 s   alone on the GPU (memory is measured), every suite (the benchmark lane collected
-#                     and skipped: it is a lane of its own), the policy suites first (quick, and vLLM's
-#                     own answers), then the most telling execution suites, stopped with SIGINT
-#                     before the deadline so the report is still written              -> suites.log,
+#   suites   ~280 s   after the strict lane, VLLM_ENGINE_WORKERS (4) xdist workers on the GPU, every
+#                     suite (the benchmark lane collected and skipped: it is a lane of its own; tests
+#                     that do not apply to vLLM deselected and counted), stopped with SIGINT before
+#                     the deadline so the report is still written                    -> suites.log,
 #                     conformance-vllm-engine.{json,md}
 #   Every build, capture, close and first step is appended to events.log as it happens.
 # At most eight files reach OUT (plots and the strict lane's Markdown stay in a scratch folder: render
@@ -90,8 +90,9 @@ strict_status=$(sed -n 's/^strict lane: pytest exit //p' "$out/strict.log" | tai
 cp "$scratch/strict/conformance-vllm-engine.json" "$out/conformance-vllm-engine-ieee.json" 2>/dev/null \
     || say "the strict lane wrote no report"
 
-left_now=$(cap 100000 $(( $(left) - 15 )))
-say "== suites (at most ${left_now}s)"
+left_now=$(cap 100000 $(( $(left) - 20 )))
+workers=${VLLM_ENGINE_WORKERS:-4}
+say "== suites (at most ${left_now}s, $workers workers on the GPU)"
 # The policy suites first (a few seconds each), then the most telling execution suites, so that a run
 # stopped at its deadline has them done.
 suites=(test_capture_sizes test_padding test_dispatch test_mode_resolution test_data_parallel
@@ -104,10 +105,14 @@ for path in suites/test_*.py; do  # any suite added later runs too, last
     case " ${paths[*]} " in *" $path "*) ;; *) paths+=("$path") ;; esac
 done
 # vLLM's INFO lines (per engine build) would swamp the failure reports; its warnings still show.
-VLLM_LOGGING_LEVEL=WARNING timeout -s INT -k 20 "$left_now" python -m pytest "${paths[@]}" \
+# WORKERS processes share the GPU (xdist): an engine build is mostly host work (imports, compile cache
+# reads, model load), so several at once shorten the lane; a test that reads the device's free memory
+# runs alone on it (harness/session/device_share.py). Tests that do not apply to vLLM are deselected
+# (--only-declared), counted by reason in the report.
+VLLM_LOGGING_LEVEL=WARNING timeout -s INT -k 30 "$left_now" python -m pytest "${paths[@]}" \
     --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime --graph-backend cuda --preset small \
-    -p no:xdist -p no:cacheprovider --benchmark-skip --report-dir "$scratch/suites" -q -rs --tb=short \
-    --show-capture=no --test-timeout 200 > "$out/suites.log" 2>&1
+    -n "$workers" -p no:cacheprovider --benchmark-skip --only-declared --report-dir "$scratch/suites" -q -rs \
+    --tb=short --show-capture=no --test-timeout 200 > "$out/suites.log" 2>&1
 status=$?
 cp "$scratch"/suites/conformance-vllm-engine.{json,md} "$out/" 2>/dev/null || say "the suites wrote no report"
 tail -n 25 "$out/suites.log" | cut -c1-300

@@ -88,6 +88,7 @@ def test_capture_order_is_piecewise_first_and_largest_first(check, engines, mode
                    what=f"{m} graphs are captured largest first (smaller ones reuse the pool)")
 
 
+@pytest.mark.alone_on_device
 def test_graph_memory_is_reported_and_agrees_with_what_the_harness_measured(check, engines):
     engine, report, case = captured(check, engines, "FULL_AND_PIECEWISE", 0)
     if not sum(report.graphs.values()):

@@ -176,6 +176,39 @@ def test_missing_capability_skips_naming_runtime_and_capability(pytester):
                                  "SKIPPED [[]4[]]*runtime 'myname' does not declare capability execution"])
 
 
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_only_declared_deselects_what_does_not_apply_and_the_report_counts_it(pytester, workers):
+    use_hook_runtime(pytester, capabilities="capture_sizes=True")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires("capture_sizes")
+        @pytest.mark.parametrize("b", range(3))
+        def test_declared(runtime, b):
+            pass
+
+        @pytest.mark.requires("execution")
+        @pytest.mark.parametrize("b", range(2))
+        def test_needs_execution(runtime, b):
+            raise AssertionError("must not run")
+
+        @pytest.mark.requires("lora", "speculative")
+        def test_needs_two(runtime):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("--runtime", "myname", "--only-declared", "--report-dir", "out", *workers)
+    result.assert_outcomes(passed=3)
+    data = json.loads((pytester.path / "out" / "conformance-myname.json").read_text())
+    assert data["collected"] == 3 and data["summary"] == {"passed": 3}
+    assert data["not_applicable"] == {"runtime 'myname' does not declare capability execution": 2,
+                                      "runtime 'myname' does not declare capability lora, speculative": 1}
+    summary = (pytester.path / "out" / "conformance-myname.md").read_text()
+    assert "ran 3 of the 3 collected tests (100%" in summary
+    assert "deselected (--only-declared): 2 tests: runtime 'myname' does not declare capability execution" in summary
+
+
 def test_unknown_capability_is_a_usage_error(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile(
@@ -393,7 +426,7 @@ def test_xdist_workers_resolve_the_runtime_and_one_report_is_written(pytester):
     assert sum("conformance report:" in line for line in result.outlines) == 1
     data = json.loads((pytester.path / "out" / "conformance-myname.json").read_text())
     assert data["complete"] is True and data["summary"] == {"passed": 6}
-    assert len(data["tests"]) == 6
+    assert len(data["tests"]) == 6 and data["collected"] == 6 and data["not_applicable"] == {}
     assert sorted(p.name for p in (pytester.path / "out").iterdir()) == ["conformance-myname.json", "conformance-myname.md"]
 
 

@@ -30,6 +30,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from harness.reliability import processes
 from harness.reliability.safe import describe_exception
 from harness.reliability.witness import CLIENT, Client, Ending, Witnessed, role
@@ -133,6 +135,9 @@ class Supervisor:
                           f"Python shut down (the session's own status was {self.seen.finished})", left)
             elif left:
                 self._say("the session ended normally", left)
+            return ending.shell_status
+        if ending.code == pytest.ExitCode.USAGE_ERROR and self.seen.header is None and not left:
+            self.seen.close()  # a usage error before the session began: the child said what was wrong
             return ending.shell_status
         report = self._crash_report(ending)
         self.seen.forget_output()

@@ -124,8 +124,18 @@ def _run_header(run: dict, label: str) -> list[str]:
              "follows it, docs/spec.md section 10)"] if (run.get("capabilities") or {}).get("execution") else []),
         f"- {'complete' if run.get('complete') else 'INCOMPLETE (the run stopped early)'}; {duration}; "
         + (", ".join(f"{n} {k}" for k, n in sorted((run.get("summary") or {}).items())) or "no tests"),
+        *([f"- ran {ran_of_collected(run)}"] if run.get("collected") else []),
+        *([f"- not applicable, deselected (--only-declared): {n} tests: {why}"
+           for why, n in sorted(run["not_applicable"].items(), key=lambda x: -x[1])] if run.get("not_applicable") else []),
         *([f"- command: `pytest {' '.join(run['args'])}`"] if run.get("args") else []), "",
     ]
+
+
+def ran_of_collected(run: dict) -> str:
+    """How many of the collected tests ran (not skipped, and reached before the run ended)."""
+    ran = sum(n for outcome, n in (run.get("summary") or {}).items() if outcome not in ("skipped", "not run"))
+    collected = run["collected"]
+    return f"{ran} of the {collected} collected tests ({100 * ran / collected:.0f}%; the rest skipped or not reached)"
 
 
 def _matrix(runs: list[dict], labels: list[str]) -> list[str]:

@@ -34,6 +34,8 @@ else:  # pragma: no cover - Python 3.10
 
 FLUSH_SECONDS = 5.0
 PLUGIN_NAME = "cudagraph-conformance-report"
+NOT_APPLICABLE = pytest.StashKey[dict]()  # the tests --only-declared deselected: {why: how many}
+NOT_APPLICABLE_KEY = "cudagraph_not_applicable"  # the same, in an xdist worker's workeroutput
 
 
 class ReportDirError(Exception):
@@ -144,8 +146,23 @@ class RunReport:
         self.regressions: list[dict] = []
         self.rootpath = Path(config.rootpath)
         self.file_digests: dict[str, str] = {}  # each test file's sha256, read once
+        self.collected: int | None = None  # tests this run was to run (after any deselection)
+        self.not_applicable: dict[str, int] = {}  # what --only-declared deselected: {why: how many}
 
     # -- pytest hooks (this object is registered as a plugin) -----------------------------
+    def pytest_collection_finish(self, session):
+        self.collected = len(session.items)
+        self.not_applicable = session.config.stash.get(NOT_APPLICABLE, {})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if self.collected is None:  # every worker collects the same tests
+            self.collected = len(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        self.not_applicable = self.not_applicable or getattr(node, "workeroutput", {}).get(NOT_APPLICABLE_KEY, {})
+
     def pytest_runtest_logreport(self, report):
         entry = self.results.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "duration": 0.0})
         entry["duration"] = round(entry["duration"] + report.duration, 6)
@@ -246,6 +263,8 @@ class RunReport:
             "seconds": round(time.time() - self.started, 3),
             "complete": self.finished and not self.interrupted,
             "summary": dict(counts),
+            "collected": self.collected,
+            "not_applicable": self.not_applicable,
             "tests": tests,
         }
 

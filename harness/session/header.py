@@ -43,7 +43,8 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
     lines = []
     undeclared = [c for c in Capabilities.names() if c not in ONLY_WHEN_DECLARED and not capabilities.has(c)]
     if undeclared:
-        lines.append(f"skipped: tests that need {', '.join(undeclared)} (runtime {name!r} does not declare them)")
+        how = "deselected (--only-declared)" if getattr(config.option, "only_declared", False) else "skipped"
+        lines.append(f"{how}: tests that need {', '.join(undeclared)} (runtime {name!r} does not declare them)")
     if capabilities.outputs_alias_graph_buffers:
         lines.append(f"skipped: the check that held outputs survive the next step (runtime {name!r} declares "
                      "outputs_alias_graph_buffers)")
