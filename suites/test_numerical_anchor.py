@@ -17,7 +17,7 @@ passes replay equivalence, since eager and graph steps then agree.
 import pytest
 import torch
 
-from harness.expectations.anchor import Anchor, top2_margin
+from harness.expectations.anchor import top2_margin
 from harness.scenarios.batches import describe_batch, prompt, rows_changing_owner
 from harness.protocol import Request
 from harness.reports.records import Anchor as AnchorRecord
@@ -28,9 +28,9 @@ pytestmark = pytest.mark.requires("execution", "loads_checkpoint")
 MODES = ["NONE", *MIXED_GRAPH_MODES]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def anchor(engine_factory):
-    return Anchor(engine_factory.checkpoint(), device=engine_factory.config().device)
+    return engine_factory.anchor()
 
 
 def generation(engine, anchor, first_id: int, q: int = 1, steps: int = 8):

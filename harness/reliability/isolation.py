@@ -39,6 +39,7 @@ MEMORY_TOLERANCE = 8 << 20  # bytes: allocator rounding and small first-use buff
 CUBLAS_WORKSPACE = 32 << 20
 _released = 0  # bytes of CUDA memory the harness itself freed (cached engines it dropped)
 _kept = 0  # bytes closed engines left allocated within what their runtime declares (memory_kept_per_build)
+_held = 0  # bytes the harness allocated for itself during a test and keeps (harness_holds)
 
 
 def cuda_allocated(torch) -> int:
@@ -51,6 +52,13 @@ def harness_released(nbytes: int) -> None:
     last test's teardown): counted as still held, so it cannot hide a leak of that test."""
     global _released
     _released += max(nbytes, 0)
+
+
+def harness_holds(nbytes: int) -> None:
+    """Memory the harness allocated for itself while a test ran (a model it keeps for the session,
+    transformers' anchor): not the test's, so not counted against it."""
+    global _held
+    _held += max(nbytes, 0)
 
 
 def runtime_kept(nbytes: int) -> None:
@@ -255,7 +263,7 @@ def _torch_state(torch) -> list[Tracked]:
     ]
     if torch.cuda.is_initialized():
         def allocated():
-            return cuda_allocated(torch) + _released - _kept
+            return cuda_allocated(torch) + _released - _kept - _held
 
         def settle():
             gc.collect()
