@@ -40,7 +40,10 @@ def main(argv=None) -> int:
     from harness.runtime.observe import EngineFactory
     from harness.scenarios.batches import advance, decode_requests, prompt, Sequence, rows_changing_owner
 
+    from harness.session import machine
+
     runtime = registry.resolve(args.runtime, None)
+    machine.share(args.graph_backend, None)  # the harness counts graph launches from here on, as in a run
     factory = EngineFactory(runtime, args.graph_backend, preset=args.preset)
     begin = time.perf_counter()
 
