@@ -122,8 +122,8 @@ class VllmEngineRuntime(_Policy):
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic,
-            # What a closed engine still leaves allocated, measured on an H200 (reports/h200/vllm/smoke.log:
-            # 33 to 165 MiB a build after close(); suites.log: 170 and 171 MiB in a test of fresh engines).
+            # What a closed engine still leaves allocated, measured on an H200 after every close()
+            # (reports/h200/vllm/run_16062a0/smoke.log, its "SMOKE memory" lines).
             memory_kept_per_build=MEMORY_KEPT_PER_BUILD,
             notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
                                why=PRECISION_WHY[arithmetic]),
