@@ -120,8 +120,9 @@ def _run_header(run: dict, label: str) -> list[str]:
         *([f"- harness: {run['harness_version']}, suites {run.get('suites_digest', '')[:12]} "
            f"({len(run.get('suite_files') or {})} files)"] if run.get("harness_version") else []),
         f"- capabilities: {', '.join(capabilities) or 'none'}",
-        *([f"- precision: {(run.get('capabilities') or {})['precision']} (declared; the numerical anchor's tolerance "
-             "follows it, docs/spec.md section 10)"] if (run.get("capabilities") or {}).get("execution") else []),
+        *([f"- precision: {(run.get('capabilities') or {}).get('precision', 'not recorded (a report older than the declaration)')} "
+             "(declared; the numerical anchor's tolerance follows it, docs/spec.md section 10)"]
+          if (run.get("capabilities") or {}).get("execution") else []),
         f"- {'complete' if run.get('complete') else 'INCOMPLETE (the run stopped early)'}; {duration}; "
         + (", ".join(f"{n} {k}" for k, n in sorted((run.get("summary") or {}).items())) or "no tests"),
         *([f"- ran {ran_of_collected(run)}"] if run.get("collected") else []),
