@@ -183,3 +183,47 @@ def test_a_negative_declaration_is_refused():
 
     with pytest.raises(registry.RuntimeLoadError, match="memory_kept_per_build=-1"):
         registry.check(Runtime(), "negative")
+
+
+ANCHOR_TESTS = '''
+import harness.expectations.anchor as anchor_module
+import memory_runtimes
+
+
+class StandInAnchor:
+    """transformers' model for the anchor, as 64 MiB of the stand-in allocator."""
+
+    def __init__(self, checkpoint, device="cpu"):
+        self.weights = memory_runtimes.allocate()
+
+
+anchor_module.Anchor = StandInAnchor
+
+
+def test_the_first_to_ask_for_the_anchor(engines):
+    engines.anchor()
+
+
+def test_asks_again(engines):
+    assert engines.anchor() is engines.anchor()
+
+
+def test_asks_for_the_anchor_and_leaks(engines):
+    engines.anchor()
+    memory_runtimes.LIBRARY.append(memory_runtimes.allocate())
+'''
+
+
+def test_the_anchor_is_the_harness_memory_and_hides_no_leak(pytester, monkeypatch):
+    """transformers' model for the anchor is loaded once a session (EngineFactory.anchor), whichever
+    test asks first, and its memory is the harness's; a test that leaks beside it still fails."""
+    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=ANCHOR_TESTS)
+    pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
+    monkeypatch.setenv("MEMORY_TEST_DEVICE", "stand-in")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", "memory_runtimes:ClosesWhatItHolds", "--report-dir",
+                                           "out", "-p", "no:cacheprovider", "-p", "no:xdist")
+    (report,) = (pytester.path / "out").glob("conformance-*.json")
+    tests = {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in json.loads(report.read_text())["tests"]}
+    assert outcomes(tests) == {"test_the_first_to_ask_for_the_anchor": "passed", "test_asks_again": "passed",
+                               "test_asks_for_the_anchor_and_leaks": "error"}, result.stdout.str()
+    assert "64.0 MiB more than before the test" in tests["test_asks_for_the_anchor_and_leaks"]["reason"]
