@@ -42,6 +42,17 @@ def test_the_commit_is_the_projects_own_checkouts(project_tree):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_tree_that_differs_from_its_commit_says_so(project_tree, tmp_path):
+    """A working tree copied beside an older .git (a GPU machine's copy of a checkout) must not pass
+    for that commit."""
+    commit_tree(project_tree)
+    assert report.tree_changed(project_tree) is False
+    (project_tree / "pyproject.toml").write_text((project_tree / "pyproject.toml").read_text() + "\n# edited\n")
+    assert report.tree_changed(project_tree) is True
+    assert report.tree_changed(tmp_path / "site-packages") is None
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_a_tree_exported_into_another_repository_has_no_commit(tmp_path, project_tree):
     """The issue's case: the enclosing repository's HEAD is not the project's."""
     outer = tmp_path / "engine"

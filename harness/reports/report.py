@@ -101,6 +101,20 @@ def git_commit(top: Path | None = None) -> str:
     return lines[1] if Path(lines[0]).resolve() == top.resolve() else UNKNOWN_COMMIT
 
 
+def tree_changed(top: Path | None = None) -> bool | None:
+    """Whether the checkout's tracked files differ from its commit (a run of uncommitted code, or a
+    copy of a working tree beside an older .git); None where there is no commit to differ from."""
+    top = project_root() if top is None else top
+    if git_commit(top) == UNKNOWN_COMMIT:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(top), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def file_digest(path: Path) -> str:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -227,6 +241,10 @@ class RunReport:
         # Once per run, not at every flush: a subprocess each time would hold up the watchdog's flush too.
         return git_commit()
 
+    @functools.cached_property
+    def changed(self) -> bool | None:
+        return tree_changed()
+
     def known_failures_files(self) -> list[dict]:
         known = self.config.pluginmanager.get_plugin("cudagraph-conformance-known-failures")
         return known.as_report() if known is not None else []
@@ -255,6 +273,7 @@ class RunReport:
             "torch": torch_version,
             "python": platform.python_version(),
             "git_commit": self.commit,
+            "git_tree_changed": self.changed,
             "suites_digest": suites_digest(files),
             "suite_files": files,
             "known_failures_files": self.known_failures_files(),
