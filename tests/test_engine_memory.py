@@ -227,3 +227,20 @@ def test_the_anchor_is_the_harness_memory_and_hides_no_leak(pytester, monkeypatc
     assert outcomes(tests) == {"test_the_first_to_ask_for_the_anchor": "passed", "test_asks_again": "passed",
                                "test_asks_for_the_anchor_and_leaks": "error"}, result.stdout.str()
     assert "64.0 MiB more than before the test" in tests["test_asks_for_the_anchor_and_leaks"]["reason"]
+
+
+LAST_TEST_CACHES = '''
+def test_the_last_test_caches_an_engine(engines):
+    engines.get(mode="NONE", capture=False)  # kept for later tests; the session's end closes it in this teardown
+'''
+
+
+def test_an_engine_the_last_test_cached_is_not_its_leak(pytester, monkeypatch):
+    """The session's end closes the cached engines in the last test's teardown: the engine that test
+    cached is the factory's memory still (its runtime holds 64 MiB per engine until close())."""
+    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=LAST_TEST_CACHES)
+    pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
+    monkeypatch.setenv("MEMORY_TEST_DEVICE", "stand-in")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", "memory_runtimes:ClosesWhatItHolds",
+                                           "-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)

@@ -195,7 +195,7 @@ class Robustness:
             if reason:
                 pytest.skip(reason)
             result = yield
-        item.stash[HELD] = _engines_held(item)
+        item.stash[HELD] = _engines_cached(item)
         return result
 
     @pytest.hookimpl(wrapper=True)
@@ -230,7 +230,7 @@ class Robustness:
                 self.poisoned = (item.nodeid, item.stash.get(FIRST_ERROR, "nothing"), broken)
         if before and broken is None and self.poisoned is None:  # a broken context's state says nothing
             # Memory a failed test's traceback holds, or a newly cached engine holds, is not a leak.
-            memory_counts = not item.stash.get(FAILED, False) and _engines_held(item) <= item.stash.get(HELD, 0)
+            memory_counts = not item.stash.get(FAILED, False) and _engines_cached(item) <= item.stash.get(HELD, 0)
             changes += isolation.undo(before, keep=lambda name: name in isolation.CUDA_STATE
                                       and (memory_counts or name != isolation.MEMORY))
         problems = self.processes.check(item.stash[PROCESSES]) if PROCESSES in item.stash else []
@@ -374,9 +374,9 @@ def _packages_of(cls) -> frozenset[str]:
         - {"harness", "_pytest", "pytest"}
 
 
-def _engines_held(item) -> int:
+def _engines_cached(item) -> int:
     funcargs = getattr(item, "funcargs", None) or {}
-    return sum(getattr(funcargs.get(name), "engines_held", 0) for name in ("engine_factory", "bench_engines"))
+    return sum(getattr(funcargs.get(name), "engines_cached", 0) for name in ("engine_factory", "bench_engines"))
 
 
 def _main_thread() -> bool:

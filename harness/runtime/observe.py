@@ -243,6 +243,7 @@ class EngineFactory:
         self.defaults = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.max_model_len, self.kv_tokens = max_model_len, kv_tokens
         self._engines: dict = {}
+        self._cached = 0
         self._fresh: list[ObservedEngine] = []  # built for the running test alone: closed after it
         self._allocated_before_fresh: int | None = None  # device memory before the test's first fresh build
         self._ids = itertools.count(10_000)
@@ -254,9 +255,11 @@ class EngineFactory:
         self._check = check
 
     @property
-    def engines_held(self) -> int:
-        """Engines cached for later tests (their memory is the factory's, not a leak of the test that built them)."""
-        return len(self._engines)
+    def engines_cached(self) -> int:
+        """Engines cached for later tests so far this session (their memory is the factory's, not a
+        leak of the test that built them). It never goes down: the last test's teardown closes
+        them, and the engine it cached is still not its leak."""
+        return self._cached
 
     @property
     def check(self) -> Check:
@@ -312,6 +315,7 @@ class EngineFactory:
             if fresh:
                 return engine
             self._engines[key] = engine
+            self._cached += 1
         return self._engines[key]
 
     def larger_policy(self) -> dict:
