@@ -16,8 +16,10 @@
 #                     8 steps each against transformers and an eager step   -> OUT_DIR/smoke.log, and
 #                     LMDeploy's live state as JSON lines (capture sizes its runner computed, graph
 #                     keys, per step: decoding, key, path, padded size, padded rows) -> OUT_DIR/live.jsonl
-#   suites   the rest pytest over every suite on the small preset (LMDEPLOY_PRESET), the most telling first, stopped
-#                     with SIGINT at the budget so the report is still written -> OUT_DIR/suites.log,
+#   suites   the rest pytest over every suite on the small preset (LMDEPLOY_PRESET), the most telling first, the
+#                     tests that do not apply to LMDeploy deselected and counted in the report
+#                     (--only-declared), stopped with SIGINT at the budget so the report is still
+#                     written                                                  -> OUT_DIR/suites.log,
 #                     OUT_DIR/report/conformance-lmdeploy-engine.{json,md} (and its plots)
 #   matrix   <=20 s   LMDeploy beside vLLM and the reference, rendered from the committed reports
 #                     -> OUT_DIR/report/matrix/summary.md
