@@ -209,6 +209,16 @@ def test_only_declared_deselects_what_does_not_apply_and_the_report_counts_it(py
     assert "deselected (--only-declared): 2 tests: runtime 'myname' does not declare capability execution" in summary
 
 
+def test_a_second_in_process_session_runs_in_this_process_too(pytester):
+    """The first inner session takes PYTEST_CURRENT_TEST away when it ends; the second must still know
+    it is nested and not fork a supervisor (whose child would go on running the outer session)."""
+    use_hook_runtime(pytester)
+    pytester.makepyfile("def test_x(runtime):\n    pass\n")
+    for _ in range(2):
+        result = pytester.runpytest("--runtime", "myname", "-p", "no:xdist")
+        result.assert_outcomes(passed=1)
+
+
 def test_unknown_capability_is_a_usage_error(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile(

@@ -61,10 +61,18 @@ def _measured_by_coverage() -> bool:
     return callable(current) and current() is not None
 
 
+# Whether a pytest session already began in this process: a session started inside it (pytester's
+# in-process runs) is never supervised, even after an earlier inner session took the outer test's
+# PYTEST_CURRENT_TEST away with its own. A fork inherits it; a subprocess starts afresh.
+_a_session_began = False
+
+
 def supervise(config) -> int | None:
     """From pytest_cmdline_main: None in the child, which runs the session (and where nothing is
     supervised); in the parent, once the child ended, the run's exit status."""
-    if not wanted(config):
+    global _a_session_began
+    nested, _a_session_began = _a_session_began, True
+    if nested or not wanted(config):
         return None
     ours, theirs = socket.socketpair()
     sys.stdout.flush()
