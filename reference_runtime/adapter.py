@@ -16,9 +16,23 @@ from .engine.inspection import FILLS
 
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
     """The reference policy's config; the release is vLLM 0.33, the one it declares (Capabilities.vllm_version)."""
+    try:
+        return _policy_config(config)
+    except TypeError:  # a field given as a list (unhashable): converted each time
+        return _policy_config.__wrapped__(config)
+
+
+@lru_cache(maxsize=1024)
+def _policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
+    # Cached: the suites ask the same config many questions, and asdict copies it deeply each time.
     fields = asdict(config)
     fields.pop("vllm_version")
     return policy.PolicyConfig(**fields)
+
+
+@lru_cache(maxsize=256)
+def _padding_table(sizes: tuple[int, ...]) -> policy.PaddingTable:
+    return policy.PaddingTable(list(sizes))
 
 
 @lru_cache(maxsize=256)
@@ -50,7 +64,8 @@ class ReferenceRuntime:
         return policy.capture_sizes(to_policy_config(config))
 
     def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return policy.PaddingTable(self.capture_sizes(config)).padded(num_tokens)
+        # The table of the sizes this runtime answers (a subclass may answer others), built once per grid.
+        return _padding_table(tuple(self.capture_sizes(config))).padded(num_tokens)
 
     def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         mode, key = _dispatcher(config).dispatch(num_tokens, num_reqs, uniform, num_active_loras)

@@ -16,6 +16,7 @@ than transformers. `tests/test_presets.py` holds every preset the anchor runs on
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -135,16 +136,23 @@ def fingerprint(name: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+@functools.lru_cache(maxsize=None)
+def _transformers_version() -> str:
+    """Asked once a process: the engine factory names the checkpoint for every engine it configures,
+    and importlib.metadata reads every installed distribution's metadata to answer."""
+    from importlib import metadata
+
+    return metadata.version("transformers")
+
+
 def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) -> Path:
     """The checkpoint folder of a preset and seed, written once and shared by every process.
 
     Written to a private folder and renamed into place, so concurrent writers (xdist workers)
     never see half a checkpoint.
     """
-    from importlib import metadata
-
     root = Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
-    folder = root / f"{name}-seed{seed}-transformers{metadata.version('transformers')}-{fingerprint(name)}"
+    folder = root / f"{name}-seed{seed}-transformers{_transformers_version()}-{fingerprint(name)}"
     if (folder / "config.json").exists():
         return folder
     root.mkdir(parents=True, exist_ok=True)

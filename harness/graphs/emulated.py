@@ -190,12 +190,13 @@ class _RecordingMode(modes.HarnessMode):
                 if key not in self.allocated and key not in self.saved and storage.nbytes():
                     self.saved[key] = (storage, storage.clone())
         output = func(*args, **kwargs)
-        outputs = _leaves(output)
+        outputs = [output] if type(output) is torch.Tensor else _leaves(output)
         fresh = _fresh_outputs(args, kwargs, outputs)
         with torch._C._DisableTorchDispatch():
             self._place(fresh)
-            self._watch(outputs)
-            recorded = _map_leaves((args, kwargs, output), self._recorded)
+            self._watch(outputs, fresh)
+            recorded = (_map_leaves(args, self._recorded), _map_leaves(kwargs, self._recorded) if kwargs else {},
+                        _map_leaves(output, self._recorded))
             fresh = [(index, self._recorded(tensor)) for index, tensor in fresh]
         self.ops.append((func, *recorded, fresh))
         return output
@@ -219,10 +220,12 @@ class _RecordingMode(modes.HarnessMode):
             block.use(tensor)  # in use from now: the op's other outputs take other blocks
 
     @staticmethod
-    def _watch(outputs: list) -> None:
-        """Each tensor the op hands the program that lies in pool memory keeps its block in use."""
+    def _watch(outputs: list, fresh) -> None:
+        """Each tensor the op hands the program that lies in pool memory keeps its block in use
+        (those it allocated already do: _place)."""
+        placed = {id(tensor) for _, tensor in fresh}
         for leaf in outputs:
-            if isinstance(leaf, torch.Tensor) and (block := pools.block_of(leaf)) is not None:
+            if isinstance(leaf, torch.Tensor) and id(leaf) not in placed and (block := pools.block_of(leaf)) is not None:
                 block.use(leaf)
 
     def _recorded(self, leaf):
@@ -261,9 +264,12 @@ class _HostReadGuard(TorchFunctionMode):
 def _fresh_outputs(args, kwargs, outputs: list) -> list[tuple[int, torch.Tensor]]:
     """(leaf index, tensor) for each output leaf (`outputs`: the output's leaves) that the op
     allocated rather than aliased."""
-    input_storages = {t.untyped_storage().data_ptr() for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-    return [(i, t) for i, t in enumerate(outputs)
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in input_storages]
+    tensors = [(i, t) for i, t in enumerate(outputs) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return []
+    inputs = _leaves(args) + _leaves(kwargs) if kwargs else _leaves(args)
+    input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+    return [(i, t) for i, t in tensors if t.untyped_storage().data_ptr() not in input_storages]
 
 
 def _replay_step(func, args, kwargs, output, fresh) -> tuple | None:

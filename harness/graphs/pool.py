@@ -77,9 +77,12 @@ class Pool:
         (its values are copied there), or the storage itself as a new block. (block, reused?) The
         block is in use from here: give it its users (Block.use) before the next allocation."""
         size, device = storage.nbytes(), storage.device
-        fits = [b for b in self.free if b.nbytes >= size and b.device == device and b.free_now()]
-        if fits:
-            block = min(fits, key=lambda b: b.nbytes)
+        block = None  # the smallest that fits (the first of equals), asking free_now() only of a smaller one
+        for candidate in self.free:
+            if (candidate.nbytes >= size and (block is None or candidate.nbytes < block.nbytes)
+                    and candidate.device == device and candidate.free_now()):
+                block = candidate
+        if block is not None:
             self.free.discard(block)
             _bytes(block.storage)[:size].copy_(_bytes(storage))
             block.users.clear()

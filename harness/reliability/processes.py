@@ -79,11 +79,18 @@ def become_subreaper() -> bool:
 
 
 def read(pid: int) -> Process | None:
+    # os.open and one os.read, not open(): this runs for every process on the machine before and
+    # after each test, and a buffered file object costs more than the read itself.
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        text = os.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     fields = text[text.rindex(")") + 2:].split()  # the command name in parentheses may hold spaces
     return Process(pid, int(fields[1]), int(fields[19]), fields[0])
 
