@@ -135,6 +135,12 @@ class RankBatch:
     uniform: bool = False
 
 
+class RuntimeUnavailable(RuntimeError):
+    """Raised by a runtime factory that cannot start on this machine (no GPU, its engine not
+    installed), with the reason and what would make it start: the harness shows that message alone,
+    where any other exception from a factory is shown with its traceback, as a bug."""
+
+
 class Runtime(Protocol):
     """The object a runtime factory returns. Impossible configs raise ValueError with a message."""
 

@@ -138,6 +138,21 @@ def test_module_colon_factory_runtime(pytester):
     result.stdout.fnmatch_lines(["runtime: fromspec 1.2 (my_rt)", "*test_x[[]fromspec[]] PASSED*"])
 
 
+@pytest.mark.parametrize("raised,shown,traceback", [
+    ("RuntimeUnavailable('needs a GPU; run it on one')", "cannot start here: needs a GPU; run it on one", False),
+    ("ModuleNotFoundError(\"No module named 'someengine'\")", "cannot start here: No module named 'someengine'", False),
+    ("KeyError('a bug')", "failed to start: KeyError", True),
+], ids=["refusal", "missing-package", "bug"])
+def test_a_factory_that_refuses_says_why_and_a_bug_shows_its_traceback(pytester, raised, shown, traceback):
+    pytester.syspathinsert()
+    pytester.makepyfile(refusing=f"from harness.protocol import RuntimeUnavailable\n\n\ndef factory():\n    raise {raised}\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--runtime", "refusing:factory", "-p", "no:xdist")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{shown}*"])
+    assert ("Traceback" in result.stderr.str()) == traceback
+
+
 def test_module_colon_factory_that_fails_to_import_is_a_usage_error(pytester):
     pytester.makepyfile(bad_rt="raise ImportError('no CUDA driver')")
     pytester.syspathinsert()
@@ -269,6 +284,37 @@ def test_known_failure_that_passes_fails_as_strict_xpass(pytester):
         "*XPASS(strict)*no LoRA yet*",
         "*This test now passes: remove its entry 'test_kf.py::test_fixed[[]myname[]]' from *known_failures.toml*",
     ])
+
+
+def test_a_non_strict_entry_lets_its_test_pass_and_still_bounds_a_failure(pytester):
+    """strict = false: a failure that depends on what ran before it; a pass is xpassed, not a failure,
+    and a failure outside the bound is still one."""
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(
+        pytester,
+        {"test": "test_kf.py::test_fixed[myname]", "category": "notyet", "reason": "order-dependent",
+         "strict": False, "match": "elements differ"},
+        {"test": "test_kf.py::test_broken[myname]", "category": "notyet", "reason": "order-dependent",
+         "strict": False, "match": "elements differ"},
+    )
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    result.assert_outcomes(xpassed=1, failed=1)
+    result.stdout.fnmatch_lines(["*Not covered by known failure *failure #2*: its text does not match 'elements differ'*"])
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"strict": "no"}, "strict must be true or false"),
+    ({"strict": False}, "strict = false needs a bound"),
+])
+def test_a_non_strict_entry_must_be_a_bool_and_bounded(pytester, entry, message):
+    use_hook_runtime(pytester)
+    pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)
+    path = write_known_failures(pytester, {"test": "test_kf.py::test_broken*", "category": "notyet",
+                                           "reason": "order-dependent", **entry})
+    result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path))
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
 
 
 def test_entry_matching_no_collected_test_is_reported_stale(pytester):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable
 
-from harness.protocol import Capabilities
+from harness.protocol import Capabilities, RuntimeUnavailable
 from harness.runtime import validate
 from harness.reliability.safe import describe_exception, safe_repr
 
@@ -67,6 +67,11 @@ def resolve(spec: str, pluginmanager=None, option: str = "--runtime"):
         factory, origin = entry.factory, entry.origin
     try:
         runtime = factory()
+    except RuntimeUnavailable as exc:
+        raise RuntimeLoadError(f"runtime {spec!r} ({origin}) cannot start here: {exc}") from None
+    except ModuleNotFoundError as exc:
+        raise RuntimeLoadError(f"runtime {spec!r} ({origin}) cannot start here: {exc} (a package it needs is not "
+                               "installed in this environment)") from None
     except Exception as exc:
         raise RuntimeLoadError(
             f"runtime {spec!r} ({origin}) failed to start: {describe_exception(exc)}\n{traceback.format_exc(limit=3)}"

@@ -1,4 +1,5 @@
-"""Known-failure files: owned by a runtime, they turn expected failures into strict xfails.
+"""Known-failure files: owned by a runtime, they turn expected failures into strict xfails (or, for
+a failure that depends on what ran before it, non-strict ones: `strict = false`, bounded).
 
 TOML, one table per entry, and optionally the harness versions the file was written for::
 
@@ -12,6 +13,8 @@ TOML, one table per entry, and optionally the harness versions the file was writ
     match = "differs from eager" # a regex searched in the failure text
     raises = "Failed"            # the exception's type name
     graph_backends = ["cuda"]    # optional: only where the suites run on these graph backends
+    strict = false               # optional: the failure depends on what ran before it (say which run
+                                 # showed it pass); a pass is then "xpassed", not a failure
 
 In `test`, `*` matches any text and `?` one character; everything else, brackets included, is
 literal, so a parametrised id `[...]` is written as it appears in the test id.
@@ -69,6 +72,7 @@ class KnownFailure:
     match: str | None = None
     max_difference: float | None = None
     raises: str | None = None
+    strict: bool = True  # False: the failure comes and goes with what ran before it; a pass is not an error
 
     def applies_to(self, graph_backend: str | None) -> bool:
         return not self.graph_backends or graph_backend in self.graph_backends
@@ -154,10 +158,16 @@ def _entry(raw: dict, where: str) -> KnownFailure:
     missing = {"test", "category", "reason"} - set(raw)
     if missing:
         raise KnownFailuresError(f"{where} is missing {sorted(missing)}; each entry needs test, category and reason")
-    extra = set(raw) - {"test", "category", "reason", "graph_backends", *BOUNDS}
+    extra = set(raw) - {"test", "category", "reason", "graph_backends", "strict", *BOUNDS}
     if extra:
         raise KnownFailuresError(f"{where} has unknown keys {sorted(extra)}; allowed besides test, category and "
-                                 f"reason: graph_backends, {', '.join(BOUNDS)}")
+                                 f"reason: graph_backends, strict, {', '.join(BOUNDS)}")
+    strict = raw.get("strict", True)
+    if not isinstance(strict, bool):
+        raise KnownFailuresError(f"{where}: strict must be true or false, got {strict!r}")
+    if not strict and not any(key in raw for key in BOUNDS):
+        raise KnownFailuresError(f"{where}: strict = false needs a bound ({', '.join(BOUNDS)}): a failure that may "
+                                 "come and go must still be the one the entry describes")
     if raw["category"] not in CATEGORIES:
         raise KnownFailuresError(f"{where} has category {raw['category']!r}; expected one of {', '.join(CATEGORIES)}")
     if not str(raw["reason"]).strip():
@@ -174,7 +184,7 @@ def _entry(raw: dict, where: str) -> KnownFailure:
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound < 0):
         raise KnownFailuresError(f"{where}: max_difference must be a number >= 0, got {bound!r}")
     return KnownFailure(str(raw["test"]), raw["category"], str(raw["reason"]).strip(), where, tuple(backends),
-                        raw.get("match"), None if bound is None else float(bound), raw.get("raises"))
+                        raw.get("match"), None if bound is None else float(bound), raw.get("raises"), strict)
 
 
 def stale(entries: list[KnownFailure], nodeids: list[str]) -> list[KnownFailure]:
@@ -222,7 +232,7 @@ class KnownFailurePlugin:
             matching = [entry for entry in self.entries if entry.matches(item.nodeid)]
             if matching:
                 item.stash[ENTRY_KEY] = matching
-                item.add_marker(pytest.mark.xfail(strict=True, reason=matching[0].describe()))
+                item.add_marker(pytest.mark.xfail(strict=matching[0].strict, reason=matching[0].describe()))
         # A run given single node ids (`file.py::test`) leaves the rest of the file out: it cannot
         # tell a stale entry from an unselected test, so it reports none.
         if not any("::" in arg for arg in config.args):

@@ -66,11 +66,11 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("lmdeploy-engine runs LMDeploy's PyTorch engine on a CUDA GPU, and torch sees none here")
+            raise p.RuntimeUnavailable("lmdeploy-engine runs LMDeploy's PyTorch engine on a CUDA GPU, and torch sees none here")
         import lmdeploy  # fails here, with the reason shown by the harness, when LMDeploy is not installed
 
         if lmdeploy.__version__ != LMDEPLOY_VERSION:
-            raise RuntimeError(f"lmdeploy-engine reads and drives LMDeploy {LMDEPLOY_VERSION}'s code; "
+            raise p.RuntimeUnavailable(f"lmdeploy-engine reads and drives LMDeploy {LMDEPLOY_VERSION}'s code; "
                                f"found LMDeploy {lmdeploy.__version__} (bash scripts/lmdeploy/install.sh)")
         self.version = f"{__version__} (LMDeploy {lmdeploy.__version__}, PyTorch engine)"
         self.capabilities = p.Capabilities(

@@ -105,7 +105,7 @@ class VllmEngineRuntime(_Policy):
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
+            raise p.RuntimeUnavailable("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
         import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
 
         from .policy import VERSION, VllmPolicy, check_version
