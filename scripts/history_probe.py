@@ -47,13 +47,19 @@ def main(argv=None) -> int:
     factory = EngineFactory(runtime, args.graph_backend, preset=args.preset)
     begin = time.perf_counter()
 
+    budget = factory.defaults["max_num_batched_tokens"]
+    longest = factory.max_model_len - 8  # room for the decode steps after the prompt
+
     def history(engine, first_id: int) -> None:
-        """Longer requests, decoded four at a time and then three (the fourth row padded), released."""
+        """Requests up to near the engine's longest context, prefilled in chunks of the token budget,
+        decoded four at a time and then three (the fourth row padded, holding a long request's
+        state), released."""
         seqs = []
-        for i, n in enumerate((60, 44, 52, 36)):
-            request = Request(first_id + i, prompt(first_id + i, n), 0)
-            engine.step([request])
-            seqs.append(Sequence(request.request_id, list(request.token_ids)))
+        for i, n in enumerate((longest, longest // 2, longest - 9, longest // 3)):
+            tokens = prompt(first_id + i, n)
+            for start in range(0, n, budget):
+                engine.step([Request(first_id + i, tokens[start:start + budget], start)])
+            seqs.append(Sequence(first_id + i, list(tokens)))
         for live in (seqs, seqs, seqs[:3], seqs[:3], seqs[1:]):
             requests = decode_requests(live)
             engine.step(requests)
@@ -82,7 +88,7 @@ def main(argv=None) -> int:
                 line.append(f"{label}: {'bit-equal' if same else f'differ (largest {largest:.2g})'}")
                 verdicts.append((mode, label, same))
             print("; ".join(line), flush=True)
-        for engine in (graph, fresh_twin, used_twin):
+        for engine in (used_twin, fresh_twin, graph):  # newest first, as the harness closes a test's engines
             engine.close()
     for mode in args.modes.split(","):
         summary = {label: all(same for m, l, same in verdicts if m == mode and l == label) for label in ("G=T0", "G=T1", "T0=T1")}
