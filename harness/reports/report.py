@@ -84,19 +84,23 @@ def is_project_checkout(top: Path) -> bool:
         return False
 
 
+def _git(top: Path, *args: str) -> str | None:
+    """git's output for `args` in `top`; None where git cannot answer."""
+    try:
+        out = subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def git_commit(top: Path | None = None) -> str:
     """The commit of the harness's own checkout; "unknown" for an installed wheel, or a tree that is
     not its own git checkout (an exported tree inside another repository has that one's commit)."""
     top = project_root() if top is None else top
     if not is_project_checkout(top):
         return UNKNOWN_COMMIT
-    try:
-        out = subprocess.run(["git", "-C", str(top), "rev-parse", "--show-toplevel", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return UNKNOWN_COMMIT
-    lines = out.stdout.split()
-    if out.returncode != 0 or len(lines) != 2 or len(lines[1]) != 40:
+    lines = (_git(top, "rev-parse", "--show-toplevel", "HEAD") or "").split()
+    if len(lines) != 2 or len(lines[1]) != 40:
         return UNKNOWN_COMMIT
     return lines[1] if Path(lines[0]).resolve() == top.resolve() else UNKNOWN_COMMIT
 
@@ -107,12 +111,8 @@ def tree_changed(top: Path | None = None) -> bool | None:
     top = project_root() if top is None else top
     if git_commit(top) == UNKNOWN_COMMIT:
         return None
-    try:
-        out = subprocess.run(["git", "-C", str(top), "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
+    status = _git(top, "status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status.strip())
 
 
 def file_digest(path: Path) -> str:
