@@ -209,7 +209,6 @@ def pytest_collection_modifyitems(config, items):
     only_declared = config.getoption("only_declared", False)
     kept, not_applicable = [], []
     for item in items:
-        kept.append(item)
         try:
             missing = missing_capabilities(item, c.runtime.capabilities)
         except pytest.UsageError as exc:
@@ -218,14 +217,16 @@ def pytest_collection_modifyitems(config, items):
             # xdist turns a worker's usage error into an INTERNALERROR that drops the message:
             # there the test errors at setup with it instead.
             item.stash[_UNKNOWN] = str(exc)
+            kept.append(item)
             continue
         reason = skip_reason(c.runtime.name, missing) if missing else vllm_rules_skip(item, c.runtime)
         if reason is not None and only_declared:
-            kept.pop()
             not_applicable.append((item, reason))
+            continue
+        kept.append(item)
         # append=False: the first skip mark is the reason shown, and a missing capability says
         # more than a parameter's own skip (a padding fill it cannot make, say).
-        elif reason is not None:
+        if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason), append=False)
         elif c.no_backend and {"engines", "graph_backend"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.skip(reason=c.no_backend), append=False)
