@@ -153,6 +153,17 @@ def test_a_factory_that_refuses_says_why_and_a_bug_shows_its_traceback(pytester,
     assert ("Traceback" in result.stderr.str()) == traceback
 
 
+def test_a_usage_error_under_the_supervisor_is_reported_once_as_such(pytester, monkeypatch):
+    """A supervised run (a subprocess of its own, as from the command line) whose configuration
+    fails: the child's message and pytest's usage-error status, not a report of a process that died."""
+    pytester.makepyfile("def test_x(): pass")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # a run of its own, not one inside this test
+    result = pytester.runpytest_subprocess("--runtime", "nosuch.module:factory", "-p", "no:xdist")
+    assert result.ret == USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--runtime nosuch.module:factory*failed to import*"])
+    assert "the test process ended" not in result.stdout.str() + result.stderr.str()
+
+
 def test_module_colon_factory_that_fails_to_import_is_a_usage_error(pytester):
     pytester.makepyfile(bad_rt="raise ImportError('no CUDA driver')")
     pytester.syspathinsert()
