@@ -149,6 +149,11 @@ NOT_MEASURED: dict[tuple[str, str], str] = {
     ("docs/runners.md", "160 GiB"): "SGLang's memory tiers, read from its source",
     ("plugins/sglang-policy/README.md", "141 GB"): "an H200's memory as SGLang is told it, a stand-in",
     ("plugins/sglang-policy/README.md", "179 GB"): "a B200's memory as SGLang is told it, a stand-in",
+    ("docs/reliability.md", "40 MiB"): "the taint check's memory allowance, a setting (harness/reliability/isolation.py)",
+    ("docs/reliability.md", "8 MiB"): "the taint check's memory tolerance, a setting (harness/reliability/isolation.py)",
+    ("docs/reliability.md", "32 MiB"): "one cuBLAS workspace the taint check allows, a setting (harness/reliability/isolation.py)",
+    ("docs/reliability.md", "0.1 s"): "the form of the supervisor's message, an example",
+    ("docs/reliability.md", "64 MiB"): "the leak and the cache the self-tests plant, a setting of the tests",
 }
 
 
