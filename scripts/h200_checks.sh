@@ -10,7 +10,7 @@
 # Everything lands in OUT/r and comes back as OUT/results.tgz (the device returns at most eight
 # files), with every log's last lines in OUT/summary.log. H200_CHECKS_SKIP names stages to leave out
 # (lmdeploy, fidelity, selftests, hostile, matrix, suites, bench), for a rerun of the rest. Since
-# reference-compile runs every suite in the matrix (about five and a half minutes on four workers),
+# reference-compile runs every suite in the matrix (its time: reports/h200/matrix/summary.md),
 # the LMDeploy lane and the matrix no longer fit one call together: skip one of them.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/h200_checks.sh OUT}
