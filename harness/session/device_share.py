@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.session import machine
+
 MARKER = "alone_on_device"
 MARKER_HELP = (f"{MARKER}: the test measures the whole device (its free memory); under xdist no other "
                "worker's test runs on its GPU meanwhile (harness/session/device_share.py)")
@@ -69,9 +71,6 @@ def for_worker(config, graph_backend: str | None) -> DeviceShare | None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None or graph_backend != "cuda":
         return None
-    import torch
-
-    index = int(workerinput["workerid"].lstrip("gw"))
-    device = index % max(1, torch.cuda.device_count())  # the GPU machine.share gives this worker
+    device = machine.worker_device(int(workerinput["workerid"].lstrip("gw")))
     directory = Path(tempfile.gettempdir()) / f"cudagraph-conformance-{workerinput['testrunuid']}"
     return DeviceShare(DeviceLock(directory, device))

@@ -35,9 +35,16 @@ def share(graph_backend: str, index: int | None) -> None:
 
         watch_cuda_graphs()
         if index is not None and torch.cuda.device_count() > 1:
-            torch.cuda.set_device(index % torch.cuda.device_count())
+            torch.cuda.set_device(worker_device(index))
     elif index is not None:
         torch.set_num_threads(1)
+
+
+def worker_device(index: int) -> int:
+    """The GPU process `index` of a shared machine uses: `index` mod the number of GPUs."""
+    import torch
+
+    return index % max(1, torch.cuda.device_count())
 
 
 def free_port() -> int:
