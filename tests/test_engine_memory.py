@@ -127,10 +127,11 @@ DEVICES = ["stand-in", pytest.param("cuda", marks=pytest.mark.skipif(not torch.c
                                                                     reason="needs a CUDA device"))]
 
 
-def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in") -> tuple[dict[str, dict], dict]:
-    """({test name: its JSON entry}, the JSON report) of TESTS against one of RUNTIMES, with the
+def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in",
+               tests: str = TESTS) -> tuple[dict[str, dict], dict]:
+    """({test name: its JSON entry}, the JSON report) of `tests` against one of RUNTIMES, with the
     stand-in allocator or on a GPU with CUDA graphs."""
-    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=TESTS)
+    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=tests)
     pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
     monkeypatch.setenv("MEMORY_TEST_DEVICE", device)
     backend = ("--graph-backend", "cuda") if device == "cuda" else ()
@@ -217,15 +218,9 @@ def test_asks_for_the_anchor_and_leaks(engines):
 def test_the_anchor_is_the_harness_memory_and_hides_no_leak(pytester, monkeypatch):
     """transformers' model for the anchor is loaded once a session (EngineFactory.anchor), whichever
     test asks first, and its memory is the harness's; a test that leaks beside it still fails."""
-    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=ANCHOR_TESTS)
-    pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
-    monkeypatch.setenv("MEMORY_TEST_DEVICE", "stand-in")
-    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", "memory_runtimes:ClosesWhatItHolds", "--report-dir",
-                                           "out", "-p", "no:cacheprovider", "-p", "no:xdist")
-    (report,) = (pytester.path / "out").glob("conformance-*.json")
-    tests = {entry["nodeid"].split("::")[1].split("[")[0]: entry for entry in json.loads(report.read_text())["tests"]}
+    tests, _ = run_memory(pytester, monkeypatch, "ClosesWhatItHolds", tests=ANCHOR_TESTS)
     assert outcomes(tests) == {"test_the_first_to_ask_for_the_anchor": "passed", "test_asks_again": "passed",
-                               "test_asks_for_the_anchor_and_leaks": "error"}, result.stdout.str()
+                               "test_asks_for_the_anchor_and_leaks": "error"}, tests
     assert "64.0 MiB more than before the test" in tests["test_asks_for_the_anchor_and_leaks"]["reason"]
 
 
@@ -238,9 +233,5 @@ def test_the_last_test_caches_an_engine(engines):
 def test_an_engine_the_last_test_cached_is_not_its_leak(pytester, monkeypatch):
     """The session's end closes the cached engines in the last test's teardown: the engine that test
     cached is the factory's memory still (its runtime holds 64 MiB per engine until close())."""
-    pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=LAST_TEST_CACHES)
-    pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
-    monkeypatch.setenv("MEMORY_TEST_DEVICE", "stand-in")
-    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", "memory_runtimes:ClosesWhatItHolds",
-                                           "-p", "no:cacheprovider", "-p", "no:xdist")
-    result.assert_outcomes(passed=1)
+    tests, _ = run_memory(pytester, monkeypatch, "ClosesWhatItHolds", tests=LAST_TEST_CACHES)
+    assert outcomes(tests) == {"test_the_last_test_caches_an_engine": "passed"}, tests
