@@ -41,6 +41,7 @@ class Capabilities:
     data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed (docs/data_parallel.md)
     batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
+    lazy_capture: bool = False  # graphs are recorded while serving, each shape once, not by capture()
     random_padding_ids: bool = False  # padded rows get token ids drawn anew every step (LMDeploy's, for MoE routing)
     precision: str = "ieee"  # how its arithmetic is done, one of PRECISIONS (vocabulary.py)
     # Device bytes a closed engine may leave allocated: what the engine's library keeps per build

@@ -459,6 +459,21 @@ class _CapturesInService(ModelRunner):
         return super().execute(plan)
 
 
+class _RecordsPerContext(_CapturesInService):
+    """Declares lazy_capture, and records a step's graph again whenever its longest context is one
+    not seen at that key (as a graph compiled with a host length baked in would be): graphs pile up
+    with every decode step."""
+
+    def execute(self, plan):
+        seen = self.__dict__.setdefault("_recorded_at", set())
+        at = (plan.mode, plan.key, max(plan.seq_lens, default=0))
+        if plan.mode is not NONE and at not in seen:
+            seen.add(at)
+            self.full_graphs.pop(plan.key, None)
+            self.piece_graphs.pop(plan.num_padded_tokens, None)
+        return super().execute(plan)
+
+
 def _stand_in_graphs(config):
     return ModelRunner(config, graphs=StandInGraphBackend())
 
@@ -511,20 +526,26 @@ GraphMemoryInKiB = mutant("graph-memory-in-kib", "GraphMemoryInKiB", _GraphMemor
 SecondCaptureTypeError = mutant("second-capture-type-error", "SecondCaptureTypeError", _SecondCaptureTypeError)
 RecapturesSilently = mutant("recaptures-silently", "RecapturesSilently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", "CapturesInService", _CapturesInService)
+RecordsPerContext = mutant("records-per-context", "RecordsPerContext", _RecordsPerContext, lazy_capture=True)
 StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
                                        with_seams(stager=StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
                                        random_padding_ids=True)
+LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _CapturesInService,
+                             "Graphs recorded on first use, declared.", lazy_capture=True)
 RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
                                     with_seams(stager=RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
-# Not a mutant: random ids, declared, as LMDeploy's; the suite must let it pass.
+# Not mutants: random ids, declared, as LMDeploy's; lazy capture, declared, as torch.compile's graph
+# trees: the suites must let them pass.
 RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
                                   with_seams(stager=RandomPaddingIdsStager), "Random padded ids, declared.",
                                   random_padding_ids=True)
+LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _CapturesInService,
+                             "Graphs recorded on first use, declared.", lazy_capture=True)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
            KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, KeptRowsUpdateOneTokenARow, IgnoresPaddingFills,
            OutputsOverwritten, SwapBreaksTheStep, SilentDowngrade, ResolvesEverythingToNone, ReportsGraphRunsEager,
            ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
            RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
-           SecondCaptureTypeError, RecapturesSilently, CapturesInService, StalePaddingIdsDeclaredRandom,
-           RandomPaddingIdsUndeclared]
+           SecondCaptureTypeError, RecapturesSilently, CapturesInService, RecordsPerContext,
+           StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared]

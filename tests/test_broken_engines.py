@@ -56,6 +56,7 @@ MUST_CATCH = {
     "SecondCaptureTypeError": ([AFTER_PHASE], "TypeError"),
     "RecapturesSilently": ([AFTER_PHASE], "was accepted"),
     "CapturesInService": ([AFTER_PHASE], "captured while serving"),
+    "RecordsPerContext": ([AFTER_PHASE], "third pass"),
     "StalePaddingIdsDeclaredRandom": ([PADDED_INPUTS], "declares random_padding_ids, but"),
     "RandomPaddingIdsUndeclared": ([PADDED_INPUTS], "stale rows from an earlier step"),
 }
@@ -82,3 +83,21 @@ def test_random_padding_ids_declared_pass(pytester):
     name = broken_engines.RandomPaddingIdsDeclared.name
     report = run_suites(pytester, "tests.broken_engines:RandomPaddingIdsDeclared", [PADDED_INPUTS.format(name=name)])
     assert [t["outcome"] for t in report["tests"]] == ["passed"], [t.get("reason") for t in report["tests"]]
+
+
+def test_lazy_capture_declared_passes(pytester):
+    """The declaration is fair too: an engine that records each graph the first time a step needs
+    it and says so passes every check that reads the declaration (and one that records again for
+    each new context, declaring the same, does not: MUST_CATCH)."""
+    from tests.catching import run_suites
+
+    name = broken_engines.LazyCaptureDeclared.name
+    keys = f"test_capture_accounting.py::test_graphs_match_the_policy_keys[{name}-FULL-q1]"
+    targets = [AFTER_PHASE, keys, "test_capture_side_effects.py::test_lazy_capture_in_service_leaves_live_requests_intact",
+               MOVED.format(name=name), f"test_launch_overhead.py::test_a_graph_step_submits_far_less_than_eager[{name}-PIECEWISE-3]"]
+    report = run_suites(pytester, "tests.broken_engines:LazyCaptureDeclared", targets)
+    outcomes = {t["nodeid"].split("/")[-1]: (t["outcome"], t.get("reason", "")) for t in report["tests"]}
+    assert len(outcomes) == len(targets), outcomes
+    skipped = outcomes.pop(keys)
+    assert skipped[0] == "skipped" and "declares lazy_capture" in skipped[1], skipped
+    assert {outcome for outcome, _ in outcomes.values()} == {"passed"}, outcomes

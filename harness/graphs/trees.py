@@ -70,3 +70,19 @@ def runtime_mode(paths: list[str] | None) -> str | None:
     if "warmup" in paths and launches:
         return "PIECEWISE"  # some partitions eager, some graphs
     return {0: "NONE", 1: "FULL"}.get(launches, "PIECEWISE")
+
+
+def compile_pair(fn):
+    """`fn` compiled twice by Inductor with static shapes: through CUDA graph trees (what
+    mode="reduce-overhead" turns on) and without graphs, the eager reference of a runtime that
+    steps through graph trees. Both choose their kernels by the same rule, so the two agree bit for
+    bit: by default Inductor times a reduction's candidate launch configurations on the device, once
+    per compilation, and two compilations can pick differently and round differently; its
+    deterministic mode, where this torch has it, picks without timing."""
+    import torch
+    import torch._inductor.config
+
+    rule = {"deterministic": True} if hasattr(torch._inductor.config, "deterministic") else {}
+    with_graphs = torch.compile(fn, dynamic=False, options={**rule, "triton.cudagraphs": True})
+    without = torch.compile(fn, dynamic=False, options={**rule, "triton.cudagraphs": False})
+    return with_graphs, without

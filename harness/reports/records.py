@@ -45,7 +45,7 @@ class Capture(Record):
     preset: str
     graphs: dict
     seconds: float
-    memory_bytes: int | None
+    memory_bytes: int | None = None  # None where the runtime cannot measure it (CaptureReport)
     graph_backend: str = "cuda"  # emulator figures are the emulator's, not a GPU's
     observed_captures: int | None = None  # graphs the harness saw captured
 

@@ -76,7 +76,8 @@ class ObservedEngine:
         return report
 
     def pieces_per_size(self) -> int | None:
-        """PIECEWISE graphs per captured size, from the capture report; None if it has none."""
+        """PIECEWISE graphs per captured size, from the capture report, or for a runtime that
+        declares lazy_capture from the PIECEWISE steps that recorded theirs; None if none has."""
         return self._pieces_per_size
 
     # -- steps ------------------------------------------------------------------------------
@@ -88,6 +89,9 @@ class ObservedEngine:
                   else self.engine.step(requests, padding_fill=padding_fill))
         seen = LOG.since(before)
         self.captures_in_service += seen.captures
+        if seen.captures and self._pieces_per_size is None and self.factory.runtime.capabilities.lazy_capture \
+                and getattr(result, "runtime_mode", None) == "PIECEWISE":
+            self._pieces_per_size = seen.captures  # the first recording sets the count every later step is held to
         n = sum(len(r.token_ids) for r in requests)
         self._validate(result, requests, n, "step()" if padding_fill is None else f"step(padding_fill={padding_fill!r})")
         self.last_padded = result.padded_num_tokens

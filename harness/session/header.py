@@ -16,7 +16,7 @@ from harness.vocabulary import PADDING_FILLS
 
 BENCHMARK_SUITES = "test_step_latency.py, test_serving.py"
 # Declarations whose absence skips nothing: a test asks for them to be absent ("not ...") or reads them.
-ONLY_WHEN_DECLARED = ("outputs_alias_graph_buffers", "random_padding_ids")
+ONLY_WHEN_DECLARED = ("outputs_alias_graph_buffers", "random_padding_ids", "lazy_capture")
 
 
 def xdist_active(config) -> bool:
@@ -51,6 +51,9 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
     if capabilities.random_padding_ids:
         lines.append(f"checked differently: padded rows' token ids are held to change from step to step, not to stay "
                      f"the same (runtime {name!r} declares random_padding_ids)")
+    if capabilities.lazy_capture:
+        lines.append(f"checked differently: graphs recorded while serving are held to one per batch shape, not to none "
+                     f"(runtime {name!r} declares lazy_capture)")
     if capabilities.execution and capabilities.padding_fills:
         missing = [fill for fill in PADDING_FILLS if fill not in capabilities.padding_fills]
         if missing:

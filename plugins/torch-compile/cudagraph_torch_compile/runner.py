@@ -3,7 +3,8 @@
 There is no capture phase and no padding: each step runs the model at its own size through the
 compiled function, and reports the mode its graph trees took (harness.graphs.trees): NONE for a
 warm-up, FULL for a recording or a replay (each launches the graph once). An eager step runs the
-same Inductor kernels without graphs, as vLLM's eager reference runs its compiled pieces.
+same Inductor kernels without graphs (trees.compile_pair), as vLLM's eager reference runs its
+compiled pieces.
 """
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ class CompiledRunner(ModelRunner):
     def __init__(self, config, **seams):
         super().__init__(config, **seams)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        self.compiled = torch.compile(self.compiled_forward, mode="reduce-overhead", dynamic=False)
-        self.compiled_eager = torch.compile(self.compiled_forward, dynamic=False, options={"triton.cudagraphs": False})
+        self.compiled, self.compiled_eager = trees.compile_pair(self.compiled_forward)
 
     def compiled_forward(self, ids, positions, meta):
         return self.model.forward(ids, positions, self.attention(meta))
@@ -51,8 +51,11 @@ class CompiledRunner(ModelRunner):
         n, size = plan.num_real_tokens, plan.num_padded_tokens
         inputs = self.stager.input_ids[:size], self.stager.positions[:size], self.stager.metadata(plan)
         if not self.graphs_enabled:
-            return StepResult(self.compiled_eager(*inputs)[:n].clone(), "NONE", n, size)
-        with trees.observed() as paths:
+            with torch.no_grad():
+                return StepResult(self.compiled_eager(*inputs)[:n].clone(), "NONE", n, size)
+        # No autograd: traced with grad on, both compilations would be training graphs, and the graph
+        # trees would wait for a backward that never comes.
+        with trees.observed() as paths, torch.no_grad():
             logits = self.compiled(*inputs)
         mode = trees.runtime_mode(paths)
         if mode is None:

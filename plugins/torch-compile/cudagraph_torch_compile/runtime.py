@@ -39,7 +39,7 @@ class ReferenceCompile:
         runs = _cuda()
         self.known_failures = KNOWN_FAILURES
         self.capabilities = Capabilities(
-            execution=runs, graph_backends=("cuda",) if runs else (), loads_checkpoint=True,
+            execution=runs, graph_backends=("cuda",) if runs else (), loads_checkpoint=True, lazy_capture=True,
             notes="torch.compile reduce-overhead: graphs recorded lazily per exact shape, no padding, "
                   "no capture phase" + ("" if runs else "; no CUDA device here, so the execution suites skip"),
         )

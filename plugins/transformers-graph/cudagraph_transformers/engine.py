@@ -241,10 +241,8 @@ class StaticCacheEngine:
         """The decode step through the graph trees, with the mode they took (harness.graphs.trees)."""
         from harness.graphs import trees
 
-        if self.compiled is None:
-            self.compiled = torch.compile(self._forward_static, mode="reduce-overhead", dynamic=False)
         with trees.observed() as paths:
-            logits = self.compiled(ids, positions, torch.tensor([start], device=self.device))
+            logits = self._compilations()[0](ids, positions, torch.tensor([start], device=self.device))
         mode = trees.runtime_mode(paths)
         if mode is None:
             raise RuntimeError("this torch's CUDA graph trees cannot be observed (harness.graphs.trees): "
@@ -256,10 +254,15 @@ class StaticCacheEngine:
         the graph trees replay, without graphs (so the two can agree bit for bit); else the model."""
         if self.graph != "compile":
             return self._forward_static
-        if self.compiled_eager is None:
-            self.compiled_eager = torch.compile(self._forward_static, dynamic=False,
-                                                options={"triton.cudagraphs": False})
-        return self.compiled_eager
+        return self._compilations()[1]
+
+    def _compilations(self):
+        """The static decode step through graph trees, and the same kernels without graphs."""
+        from harness.graphs import trees
+
+        if self.compiled is None:
+            self.compiled, self.compiled_eager = trees.compile_pair(self._forward_static)
+        return self.compiled, self.compiled_eager
 
     def eager_step(self, requests, padded_num_tokens):
         from harness.protocol import StepResult
