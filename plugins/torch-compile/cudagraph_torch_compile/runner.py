@@ -53,8 +53,10 @@ class CompiledRunner(ModelRunner):
         if not self.graphs_enabled:
             with torch.no_grad():
                 return StepResult(self.compiled_eager(*inputs)[:n].clone(), "NONE", n, size)
-        # No autograd: traced with grad on, both compilations would be training graphs, and the graph
-        # trees would wait for a backward that never comes.
+        # The KV cache is written in place by every step: a static input of the graph trees, as a
+        # parameter is (they skip graphs for a mutated input of any other kind). No autograd: with
+        # grad on both compilations would be training graphs, waiting for a backward never run.
+        torch._dynamo.mark_static_address(self.cache.data)
         with trees.observed() as paths, torch.no_grad():
             logits = self.compiled(*inputs)
         mode = trees.runtime_mode(paths)

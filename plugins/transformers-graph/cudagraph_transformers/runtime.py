@@ -40,6 +40,7 @@ class _TransformersRuntime:
             execution=runs,
             graph_backends=(("cuda",) if needs_cuda else ("emulated", "cuda")) if runs else (),
             address_checks=self.graph == "manual",
+            lazy_capture=self.graph == "compile",  # graph trees record while serving
             outputs_alias_graph_buffers=False,
             notes=("StaticCache: one row per request, all rows every step, one write offset for every row; "
                    + ("no CUDA device here: no graphs, so the execution suites skip" if not runs else
