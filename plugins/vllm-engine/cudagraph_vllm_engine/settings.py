@@ -29,6 +29,10 @@ ENVIRONMENT = {
 }
 ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
+# Inductor picks each kernel's launch configuration by rule, not by timing candidates on the device
+# (vLLM's default): timed picks differ between two builds of one config, and so does their rounding,
+# which the suites' comparisons between a fresh engine and a shared one would read as a bug.
+INDUCTOR_COMPILE_CONFIG = {"deterministic": True}
 USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
 EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
@@ -127,7 +131,7 @@ def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int 
         kwargs["enforce_eager"] = True  # vLLM's -O0: no torch.compile, no graphs
     else:
         options = {"cudagraph_mode": policy.mode, "cudagraph_specialize_lora": policy.specialize_lora,
-                   **(compilation or {})}
+                   "inductor_compile_config": dict(INDUCTOR_COMPILE_CONFIG), **(compilation or {})}
         if policy.capture_sizes is not None:
             options["cudagraph_capture_sizes"] = list(policy.capture_sizes)
         if policy.max_capture_size is not None:
