@@ -38,8 +38,9 @@ MEMORY_TOLERANCE = 8 << 20  # bytes: allocator rounding and small first-use buff
 # memory accesses on the H200). So one workspace's growth is allowed on top of the tolerance.
 CUBLAS_WORKSPACE = 32 << 20
 _released = 0  # bytes of CUDA memory the harness itself freed (cached engines it dropped)
-_kept = 0  # bytes closed engines left allocated within what their runtime declares (memory_kept_per_build)
-_held = 0  # bytes the harness allocated for itself during a test and keeps (harness_holds)
+# Bytes allocated during tests that are no test's: what the harness keeps for itself (harness_holds)
+# and what closed engines keep within their runtime's declaration (runtime_kept).
+_excused = 0
 
 
 def cuda_allocated(torch) -> int:
@@ -57,16 +58,19 @@ def harness_released(nbytes: int) -> None:
 def harness_holds(nbytes: int) -> None:
     """Memory the harness allocated for itself while a test ran (a model it keeps for the session,
     transformers' anchor): not the test's, so not counted against it."""
-    global _held
-    _held += max(nbytes, 0)
+    _excuse(nbytes)
 
 
 def runtime_kept(nbytes: int) -> None:
     """Memory engines closed during a test still hold, measured by the harness and no more than their
     runtime declares per build (Capabilities.memory_kept_per_build): not counted against the test.
     Anything above the declaration is still counted."""
-    global _kept
-    _kept += max(nbytes, 0)
+    _excuse(nbytes)
+
+
+def _excuse(nbytes: int) -> None:
+    global _excused
+    _excused += max(nbytes, 0)
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ def _torch_state(torch) -> list[Tracked]:
     ]
     if torch.cuda.is_initialized():
         def allocated():
-            return cuda_allocated(torch) + _released - _kept - _held
+            return cuda_allocated(torch) + _released - _excused
 
         def settle():
             gc.collect()
