@@ -31,8 +31,10 @@ ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is s
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
 # Inductor picks each kernel's launch configuration by rule, not by timing candidates on the device
 # (vLLM's default): timed picks differ between two builds of one config, and so does their rounding,
-# which the suites' comparisons between a fresh engine and a shared one would read as a bug.
-INDUCTOR_COMPILE_CONFIG = {"deterministic": True}
+# which the suites' comparisons between a fresh engine and a shared one would read as a bug. vLLM
+# turns on combo kernels and times whether each pays (config/compilation.py); deterministic mode
+# refuses that timing with a RuntimeError, so they are combined by rule too.
+INDUCTOR_COMPILE_CONFIG = {"deterministic": True, "combo_kernels": True, "benchmark_combo_kernel": False}
 USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
 EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
