@@ -27,8 +27,6 @@ NOTES = ("vLLM {vllm} V2 model runner, in-process, {backend} attention; this run
          "exactly the harness's batch; logits: the model's compute_logits on the hidden states the runner produced, "
          "every real token, raw (not log-softmax); eager_step: the same engine with vLLM's dispatcher forced to NONE "
          "at the padded shape (same compiled kernels, no graph); config mode NONE: enforce_eager (no torch.compile); "
-         "Inductor in its deterministic mode (kernel configurations by rule, not timed: two builds run the same "
-         "kernels); "
          "engines q = 1, no LoRA adapters; sizes are the device's (PolicyConfig.platform_max is not used); padded-row "
          "fills: zeros or random valid ids and positions (the padded inputs are integers); precision {precision}: "
          "{why}")

@@ -29,12 +29,6 @@ ENVIRONMENT = {
 }
 ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
-# Inductor picks each kernel's launch configuration by rule, not by timing candidates on the device
-# (vLLM's default): timed picks differ between two builds of one config, and so does their rounding,
-# which the suites' comparisons between a fresh engine and a shared one would read as a bug. vLLM
-# turns on combo kernels and times whether each pays (config/compilation.py); deterministic mode
-# refuses that timing with a RuntimeError, so they are combined by rule too.
-INDUCTOR_COMPILE_CONFIG = {"deterministic": True, "combo_kernels": True, "benchmark_combo_kernel": False}
 USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
 EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
@@ -133,7 +127,7 @@ def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int 
         kwargs["enforce_eager"] = True  # vLLM's -O0: no torch.compile, no graphs
     else:
         options = {"cudagraph_mode": policy.mode, "cudagraph_specialize_lora": policy.specialize_lora,
-                   "inductor_compile_config": dict(INDUCTOR_COMPILE_CONFIG), **(compilation or {})}
+                   **(compilation or {})}
         if policy.capture_sizes is not None:
             options["cudagraph_capture_sizes"] = list(policy.capture_sizes)
         if policy.max_capture_size is not None:
