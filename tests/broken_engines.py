@@ -459,6 +459,15 @@ class _CapturesInService(ModelRunner):
         return super().execute(plan)
 
 
+class _LazyCheckingEveryReplay(_CapturesInService):
+    """Records each graph the first time a step needs it, and checks a graph's input addresses at
+    every replay: its first is its recording, in service."""
+
+    def __init__(self, config, **seams):
+        super().__init__(config, **seams)
+        self.graphs.debug = True
+
+
 class _RecordsPerContext(_CapturesInService):
     """Declares lazy_capture, and records a step's graph again whenever its longest context is one
     not seen at that key (as a graph compiled with a host length baked in would be): graphs pile up
@@ -527,11 +536,16 @@ SecondCaptureTypeError = mutant("second-capture-type-error", "SecondCaptureTypeE
 RecapturesSilently = mutant("recaptures-silently", "RecapturesSilently", _RecapturesSilently)
 CapturesInService = mutant("captures-in-service", "CapturesInService", _CapturesInService)
 RecordsPerContext = mutant("records-per-context", "RecordsPerContext", _RecordsPerContext, lazy_capture=True)
+LazyChecksTheFirstReplayOnly = mutant(
+    "lazy-checks-the-first-replay-only", "LazyChecksTheFirstReplayOnly", _CapturesInService,
+    "Declares lazy_capture and checks a graph's input addresses at its first replay only, which is its "
+    "recording in service: a buffer moved after it is never noticed, and the graph reads the old memory.",
+    lazy_capture=True)
 StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
                                        with_seams(stager=StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
                                        random_padding_ids=True)
-LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _CapturesInService,
-                             "Graphs recorded on first use, declared.", lazy_capture=True)
+LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _LazyCheckingEveryReplay,
+                             _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
                                     with_seams(stager=RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
 # Not mutants: random ids, declared, as LMDeploy's; lazy capture, declared, as torch.compile's graph
@@ -539,8 +553,8 @@ RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPadd
 RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
                                   with_seams(stager=RandomPaddingIdsStager), "Random padded ids, declared.",
                                   random_padding_ids=True)
-LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _CapturesInService,
-                             "Graphs recorded on first use, declared.", lazy_capture=True)
+LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _LazyCheckingEveryReplay,
+                             _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
            KeptRowsKeepTheirTables, RowsKeepTheirTablesOnEveryPath, KeptRowsUpdateOneTokenARow, IgnoresPaddingFills,
@@ -548,4 +562,4 @@ MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyRe
            ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
            RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
            SecondCaptureTypeError, RecapturesSilently, CapturesInService, RecordsPerContext,
-           StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared]
+           LazyChecksTheFirstReplayOnly, StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared]

@@ -57,6 +57,7 @@ MUST_CATCH = {
     "RecapturesSilently": ([AFTER_PHASE], "was accepted"),
     "CapturesInService": ([AFTER_PHASE], "captured while serving"),
     "RecordsPerContext": ([AFTER_PHASE], "third pass"),
+    "LazyChecksTheFirstReplayOnly": ([MOVED], "read the memory it was captured with"),
     "StalePaddingIdsDeclaredRandom": ([PADDED_INPUTS], "declares random_padding_ids, but"),
     "RandomPaddingIdsUndeclared": ([PADDED_INPUTS], "stale rows from an earlier step"),
 }
