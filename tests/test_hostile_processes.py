@@ -308,6 +308,32 @@ def test_a_process_that_ignores_sigterm_is_killed():
         processes.end(list(processes.descendants().values()), grace=0.1)
 
 
+def test_the_walk_down_the_childrens_files_finds_what_the_scan_of_every_process_finds(monkeypatch):
+    """descendants() reads the threads' children files where the kernel has them, else every process's
+    stat: both find the same tree, a grandchild and a zombie (zombies=True) included."""
+    child = subprocess.Popen(["sh", "-c", "sleep 120 & sleep 120 & wait"])
+    exited = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(sleepers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while processes.read(exited.pid).state != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found = {}
+        for children_files in (True, False):
+            monkeypatch.setattr(processes, "CHILDREN_FILES", children_files)
+            found[children_files] = processes.descendants(), processes.descendants(zombies=True)
+        assert found[True] == found[False]
+        live, everything = found[True]
+        assert {p.pid for p in live.values() if p.ppid == child.pid} and len(sleepers()) == 2
+        assert exited.pid not in {p.pid for p in live.values()} and exited.pid in {p.pid for p in everything.values()}
+    finally:
+        child.kill()
+        child.wait()
+        exited.wait()
+        processes.end(list(processes.descendants().values()), grace=0.1)
+
+
 def test_a_record_whose_pid_names_another_process_now_is_never_signalled():
     """A pid reused by another process (here: this one, with another start time) is left alone."""
     me = processes.read(os.getpid())
