@@ -170,20 +170,20 @@ HANGS = """
 
 @hostile("HangsInEveryStep")
 def test_a_runtime_that_hangs_in_every_step_is_noticed_once(pytester, hostile, record_property):
-    result, tests, data = run(pytester, hostile, HANGS, "--test-timeout", "2")
+    result, tests, data = run(pytester, hostile, HANGS, "--test-timeout", "1")
     steps = {entry["nodeid"].split("[")[1]: entry for entry in data["tests"] if "::test_step[" in entry["nodeid"]}
     assert [steps[f"hangs-in-every-step-{i}]"]["outcome"] for i in range(4)] == ["failed", "failed", "skipped",
                                                                                   "skipped"]
     assert tests["test_policy"]["outcome"] == "passed"  # a policy answer does not step: it still runs
     skip = steps["hangs-in-every-step-3]"]["reason"]
-    assert "hung in 2 tests that build engines in a row, each past --test-timeout=2 s" in skip
+    assert "hung in 2 tests that build engines in a row, each past --test-timeout=1 s" in skip
     assert "test_step[hangs-in-every-step-0] (call; SIGALRM failed it)" in skip
-    assert data["seconds"] < 2 * 2 + 10  # two timeouts, not four
+    assert data["seconds"] < 2 * 1 + 10  # two timeouts, not four
     record_property("caught_by", ["hangs: two in a row skip the rest of that kind"])
 
 
 def test_a_runtime_that_hangs_once_recovers(pytester):
-    _, _, data = run(pytester, "HangsOnce", HANGS, "--test-timeout", "2")
+    _, _, data = run(pytester, "HangsOnce", HANGS, "--test-timeout", "1")
     assert [entry["outcome"] for entry in data["tests"]] == ["passed", "failed", "passed", "passed", "passed"]
 
 
@@ -201,7 +201,7 @@ NATIVE_HANGS = """
 def test_native_hangs_end_workers_and_two_in_a_row_skip_the_rest(pytester, hostile, record_property):
     """Each native hang ends its worker (the watchdog); the controller counts them and hands the
     count to the next worker, which skips the third instead of waiting out its timeout."""
-    result, tests, data = run(pytester, hostile, NATIVE_HANGS, "--test-timeout", "1", "-n", "1", subprocess=True)
+    result, tests, data = run(pytester, hostile, NATIVE_HANGS, "--test-timeout", "0.5", "-n", "1", subprocess=True)
     hung = [entry for entry in data["tests"] if entry["outcome"] == "failed"]
     skipped = [entry for entry in data["tests"] if entry["outcome"] == "skipped"]
     assert len(hung) == 2 and len(skipped) == 1, data["tests"]  # in whichever order xdist handed them out
