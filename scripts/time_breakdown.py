@@ -161,8 +161,9 @@ def profile(args: list[str]) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.prof"
+        # --no-supervisor: the session runs in this process, not in a child the profiler never sees.
         command = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "pytest", *args, "-q", "-p", "no:xdist",
-                   "-p", "no:cacheprovider"]
+                   "-p", "no:cacheprovider", "--no-supervisor"]
         result, wall, yardstick = timed_run(command)
         if not out.exists():
             print(result.stdout[-3000:] + result.stderr[-3000:])

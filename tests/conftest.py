@@ -1,5 +1,5 @@
 """Collects the catch table (mutant -> suites that caught it) and prints it after the run; gives
-each xdist worker one CPU thread."""
+each xdist worker one CPU thread; hands out the longest self-tests first."""
 import functools
 import platform
 import re
@@ -56,6 +56,30 @@ def bucket_engine_in_the_checkout(pytester, tmp_path_factory) -> dict:
 
     return catching.once_per_run(tmp_path_factory, "bucket-engine-checkout",
                                  lambda folder: catching.checkout_run(pytester, folder / "report"))
+
+
+# The longest self-tests, in the order xdist hands them out: first. Its scheduler gives each worker
+# the next test as it frees up, in collection order, so a long test collected late would run alone at
+# the end. The bucket engine's checkout session leads, and the packaging test, which compares the
+# wheel's run with it, follows: it builds and runs the wheel while another worker runs that session.
+FIRST = (
+    "tests/test_broken_example_engines.py::test_the_bucket_engine_passes_every_suite",
+    "tests/test_packaging.py::test_the_installed_suites_run_from_any_directory_as_in_a_checkout",
+    "tests/test_independent_engines.py::",
+    "tests/test_broken_example_engines.py::test_a_grid_with_neighbouring_sizes_at_the_top",
+    "tests/test_packaging.py::test_an_engine_repository_runs_its_own_runtime",
+    "tests/test_example_runtime.py::test_minimal_runtime_passes_what_it_declares",
+    "tests/test_hostile_processes.py::test_native_hangs_end_workers",
+    "tests/test_hostile_runtimes.py::test_a_hang_in_native_code_ends_the_process",
+    "plugins/transformers-graph/tests/test_transformers_cpu_behaviour.py::",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(FIRST) if item.nodeid.startswith(prefix)), len(FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 def pytest_runtest_logreport(report):

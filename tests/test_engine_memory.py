@@ -4,8 +4,8 @@ alone are closed in its teardown, what they still hold is measured, up to the ru
 step) fails the test that built them, never a later one.
 
 On the CPU, with a stand-in CUDA allocator: a weak set of CPU tensors is what is allocated (as in
-test_hostile_runtimes.py); on a GPU also with real CUDA memory and CUDA graphs. Each session runs in
-a subprocess, which keeps the patches to itself.
+test_hostile_runtimes.py), in this process, which gets back what the stand-in replaced; on a GPU
+also with real CUDA memory and CUDA graphs, in a subprocess.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import re
 import pytest
 import torch
 
+import harness.expectations.anchor as anchor
+from harness.reliability import robustness
 from tests.test_hostile_runtimes import PLUGIN, importable_from_anywhere  # noqa: F401 (a fixture)
 
 RUNTIMES = '''
@@ -127,16 +129,32 @@ DEVICES = ["stand-in", pytest.param("cuda", marks=pytest.mark.skipif(not torch.c
                                                                     reason="needs a CUDA device"))]
 
 
+# What the stand-in allocator and ANCHOR_TESTS replace, process-wide: put back after a session run in this process.
+STAND_INS = [*((torch.cuda, name) for name in ("is_initialized", "is_available", "device_count", "memory_allocated",
+                                                "get_rng_state_all", "empty_cache")),
+             (robustness, "cuda_probe"), (anchor, "Anchor")]
+
+
 def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in",
                tests: str = TESTS) -> tuple[dict[str, dict], dict]:
     """({test name: its JSON entry}, the JSON report) of `tests` against one of RUNTIMES, with the
-    stand-in allocator or on a GPU with CUDA graphs."""
+    stand-in allocator (in this process, its replacements put back after the session: a fresh
+    interpreter's imports cost seconds a session) or on a GPU with CUDA graphs (in a subprocess,
+    whose CUDA memory is its own)."""
     pytester.makepyfile(memory_runtimes=RUNTIMES, test_inner=tests)
     pytester.makeconftest("import memory_runtimes  # noqa: F401 (the stand-in allocator, before any test)\n")
     monkeypatch.setenv("MEMORY_TEST_DEVICE", device)
-    backend = ("--graph-backend", "cuda") if device == "cuda" else ()
-    result = pytester.runpytest_subprocess(*PLUGIN, "--runtime", f"memory_runtimes:{runtime}", "--report-dir", "out",
-                                           "-p", "no:cacheprovider", "-p", "no:xdist", *backend)
+    args = (*PLUGIN, "--runtime", f"memory_runtimes:{runtime}", "--report-dir", "out", "-p", "no:cacheprovider",
+            "-p", "no:xdist")
+    if device == "cuda":
+        result = pytester.runpytest_subprocess(*args, "--graph-backend", "cuda")
+    else:
+        originals = [(owner, name, getattr(owner, name)) for owner, name in STAND_INS]
+        try:
+            result = pytester.runpytest(*args)
+        finally:
+            for owner, name, original in originals:
+                setattr(owner, name, original)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     (report,) = (pytester.path / "out").glob("conformance-*.json")
     data = json.loads(report.read_text())

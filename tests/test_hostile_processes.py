@@ -170,20 +170,20 @@ HANGS = """
 
 @hostile("HangsInEveryStep")
 def test_a_runtime_that_hangs_in_every_step_is_noticed_once(pytester, hostile, record_property):
-    result, tests, data = run(pytester, hostile, HANGS, "--test-timeout", "2")
+    result, tests, data = run(pytester, hostile, HANGS, "--test-timeout", "1")
     steps = {entry["nodeid"].split("[")[1]: entry for entry in data["tests"] if "::test_step[" in entry["nodeid"]}
     assert [steps[f"hangs-in-every-step-{i}]"]["outcome"] for i in range(4)] == ["failed", "failed", "skipped",
                                                                                   "skipped"]
     assert tests["test_policy"]["outcome"] == "passed"  # a policy answer does not step: it still runs
     skip = steps["hangs-in-every-step-3]"]["reason"]
-    assert "hung in 2 tests that build engines in a row, each past --test-timeout=2 s" in skip
+    assert "hung in 2 tests that build engines in a row, each past --test-timeout=1 s" in skip
     assert "test_step[hangs-in-every-step-0] (call; SIGALRM failed it)" in skip
-    assert data["seconds"] < 2 * 2 + 10  # two timeouts, not four
+    assert data["seconds"] < 2 * 1 + 10  # two timeouts, not four
     record_property("caught_by", ["hangs: two in a row skip the rest of that kind"])
 
 
 def test_a_runtime_that_hangs_once_recovers(pytester):
-    _, _, data = run(pytester, "HangsOnce", HANGS, "--test-timeout", "2")
+    _, _, data = run(pytester, "HangsOnce", HANGS, "--test-timeout", "1")
     assert [entry["outcome"] for entry in data["tests"]] == ["passed", "failed", "passed", "passed", "passed"]
 
 
@@ -201,7 +201,7 @@ NATIVE_HANGS = """
 def test_native_hangs_end_workers_and_two_in_a_row_skip_the_rest(pytester, hostile, record_property):
     """Each native hang ends its worker (the watchdog); the controller counts them and hands the
     count to the next worker, which skips the third instead of waiting out its timeout."""
-    result, tests, data = run(pytester, hostile, NATIVE_HANGS, "--test-timeout", "1", "-n", "1", subprocess=True)
+    result, tests, data = run(pytester, hostile, NATIVE_HANGS, "--test-timeout", "0.5", "-n", "1", subprocess=True)
     hung = [entry for entry in data["tests"] if entry["outcome"] == "failed"]
     skipped = [entry for entry in data["tests"] if entry["outcome"] == "skipped"]
     assert len(hung) == 2 and len(skipped) == 1, data["tests"]  # in whichever order xdist handed them out
@@ -305,6 +305,32 @@ def test_a_process_that_ignores_sigterm_is_killed():
     finally:
         child.kill()
         child.wait()
+        processes.end(list(processes.descendants().values()), grace=0.1)
+
+
+def test_the_walk_down_the_childrens_files_finds_what_the_scan_of_every_process_finds(monkeypatch):
+    """descendants() reads the threads' children files where the kernel has them, else every process's
+    stat: both find the same tree, a grandchild and a zombie (zombies=True) included."""
+    child = subprocess.Popen(["sh", "-c", "sleep 120 & sleep 120 & wait"])
+    exited = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(sleepers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while processes.read(exited.pid).state != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found = {}
+        for children_files in (True, False):
+            monkeypatch.setattr(processes, "CHILDREN_FILES", children_files)
+            found[children_files] = processes.descendants(), processes.descendants(zombies=True)
+        assert found[True] == found[False]
+        live, everything = found[True]
+        assert {p.pid for p in live.values() if p.ppid == child.pid} and len(sleepers()) == 2
+        assert exited.pid not in {p.pid for p in live.values()} and exited.pid in {p.pid for p in everything.values()}
+    finally:
+        child.kill()
+        child.wait()
+        exited.wait()
         processes.end(list(processes.descendants().values()), grace=0.1)
 
 

@@ -243,7 +243,7 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
             runtime.padded_size(PolicyConfig(), 5)
         def test_never_reached(runtime):
             pass
-    """, "--test-timeout", "2", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
+    """, "--test-timeout", "1", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
     assert result.ret == 1
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
                                "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}
@@ -383,8 +383,26 @@ def test_state_a_test_leaves_changed_fails_it_and_is_put_back(pytester, hostile,
 def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_teardown(pytester):
     """The H200 bug: the last test's teardown finalises the engine factory, and the cached engine's
     memory, freed there, hid a leak of the same size. Here with a stand-in CUDA allocator (a weak
-    set of CPU tensors) so that it runs without a GPU; the subprocess keeps its patches to itself."""
-    result, tests, data = run(pytester, "LeavesStateBehind", """
+    set of CPU tensors) so that it runs without a GPU; in this process, which gets back what the
+    session's conftest replaced."""
+    import harness.reliability.robustness
+
+    replaced = [*((torch.cuda, name) for name in ("is_initialized", "is_available", "device_count", "memory_allocated",
+                                                   "get_rng_state_all", "empty_cache")),
+                (harness.reliability.robustness, "cuda_probe"), (hostile_runtimes, "_taints"),
+                (hostile_runtimes.Engine, "__init__")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in replaced]
+    try:
+        result, tests, data = run(pytester, "LeavesStateBehind", LEAKS_LAST, conftest=STAND_IN_ALLOCATOR)
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    assert outcomes(tests) == {"test_an_engine_cached_for_later_tests_is_not_taint": "passed",
+                               "test_leaks_last": "error"}
+    assert "CUDA memory allocated: 64.0 MiB more than before the test" in tests["test_leaks_last"]["reason"]
+
+
+LEAKS_LAST = """
         import pytest
         from harness.protocol import PolicyConfig
 
@@ -394,7 +412,8 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
         def test_leaks_last(runtime):
             runtime.wrapped.pick = "cuda-memory"
             runtime.capture_sizes(PolicyConfig())
-    """, "-p", "no:xdist", subprocess=True, conftest="""
+"""
+STAND_IN_ALLOCATOR = """
         import weakref
         import torch
         import harness.reliability.robustness
@@ -423,10 +442,7 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
             build(self, runtime, config)
             self.kv_cache, self.me = allocate(), self  # a reference cycle: only the garbage collector frees it
         hostile.Engine.__init__ = engine_with_kv_cache
-    """)
-    assert outcomes(tests) == {"test_an_engine_cached_for_later_tests_is_not_taint": "passed",
-                               "test_leaks_last": "error"}
-    assert "CUDA memory allocated: 64.0 MiB more than before the test" in tests["test_leaks_last"]["reason"]
+"""
 
 
 # -- floods -------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ and in a fresh environment, from a directory that is not this repository, `cudag
 runs the suites against an installed runtime exactly as `pytest suites/` does in a checkout: the
 same tests, the same outcomes, the same suites digest in the report.
 
-The build and the environment are made once for this module: an sdist from the tree, a wheel from
+The build and the environment are made once for a test run: an sdist from the tree, a wheel from
 the sdist (what `python -m build` does, offline: `--no-build-isolation` uses the installed
 setuptools), and a virtual environment with `--system-site-packages` (torch, transformers, pytest
 and hypothesis come from the machine; no network) holding the wheel and the example engine.
@@ -116,10 +116,8 @@ def test_arguments_that_name_suites_name_the_installed_ones(tmp_path, argv, expe
 
 
 # -- the wheel, built and installed ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, Path]:
+def build(base: Path) -> dict[str, str]:
     """An sdist of the tree and a wheel built from that sdist, as `python -m build` makes them."""
-    base = tmp_path_factory.mktemp("build")
     tree = base / "tree"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
     for name in BUILD_INPUTS:
@@ -135,19 +133,31 @@ def built(tmp_path_factory) -> dict[str, Path]:
     source = next((base / "unpacked").iterdir())
     check_run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                "-w", str(dist), str(source)], cwd=base)
-    return {"sdist": dist / sdist, "wheel": next(dist.glob("*.whl")), "example": tree / "examples" / "bucket_engine"}
+    return {"sdist": str(dist / sdist), "wheel": str(next(dist.glob("*.whl"))),
+            "example": str(tree / "examples" / "bucket_engine")}
+
+
+def make_venv(built: dict[str, Path], base: Path) -> str:
+    """A fresh environment with the wheel and the example engine (the machine's torch and pytest)."""
+    env = base / "env"
+    check_run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)], cwd=base)
+    python = env / "bin" / "python"
+    check_run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+               "--no-build-isolation", "--ignore-installed", "-q", str(built["wheel"]), str(built["example"])],
+              cwd=base)
+    return str(env)
+
+
+# Made once a test run, by whichever xdist worker asks first (tests.catching.once_per_run): the
+# tests of this module go to whichever worker is free, and each would otherwise build its own.
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    return {name: Path(path) for name, path in catching.once_per_run(tmp_path_factory, "wheel", build).items()}
 
 
 @pytest.fixture(scope="module")
 def venv(built, tmp_path_factory) -> Path:
-    """A fresh environment with the wheel and the example engine (the machine's torch and pytest)."""
-    env = tmp_path_factory.mktemp("venv") / "env"
-    check_run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)], cwd=env.parent)
-    python = env / "bin" / "python"
-    check_run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-               "--no-build-isolation", "--ignore-installed", "-q", str(built["wheel"]), str(built["example"])],
-              cwd=env.parent)
-    return env
+    return Path(catching.once_per_run(tmp_path_factory, "venv", lambda base: make_venv(built, base)))
 
 
 def test_the_sdist_and_the_wheel_carry_every_file_the_suites_need(built):
@@ -157,11 +167,12 @@ def test_the_sdist_and_the_wheel_carry_every_file_the_suites_need(built):
     assert suites == {path.name for path in (ROOT / "suites").glob("*.py")}
 
 
-def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_path, bucket_engine_in_the_checkout):
+def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_path, request):
     """The example engine's suites from the wheel, in a temporary directory, and from this checkout
     (the session tests/test_broken_example_engines.py reads too, run once): the same tests with the
     same outcomes, the same suites digest, the same harness version; the commit only where the
-    harness is this project's own checkout."""
+    harness is this project's own checkout. The checkout's session is asked for after the wheel's
+    has run: under xdist another worker is running it meanwhile (tests/conftest.py: FIRST)."""
     work = tmp_path / "engine-repo"
     work.mkdir()
     where = check_run([str(venv / "bin" / "python"), "-c", "import harness, cudagraph_conformance.run as r; "
@@ -172,7 +183,7 @@ def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_
               cwd=work)
     from_wheel = json.loads((work / "reports" / "conformance-bucket-engine.json").read_text())
 
-    checkout = bucket_engine_in_the_checkout
+    checkout = request.getfixturevalue("bucket_engine_in_the_checkout")
     assert checkout["ret"] == 0, checkout["output"]
     from_repo = checkout["report"]
 

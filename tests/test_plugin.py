@@ -552,9 +552,9 @@ def test_a_hanging_test_times_out_and_the_run_goes_on(pytester):
         def test_after():
             pass
     """)
-    result = pytester.runpytest_subprocess("--test-timeout", "1", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--test-timeout", "0.5", "-q", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(["*TimeoutError: test ran past --test-timeout=1 s*"])
+    result.stdout.fnmatch_lines(["*TimeoutError: test ran past --test-timeout=0.5 s*"])
 
 
 # -- known failures: literal ids, bounds, coverage ------------------------------------------------

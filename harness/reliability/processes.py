@@ -104,6 +104,37 @@ def _has_children() -> bool:
     return True
 
 
+def _children(pid: int) -> list[int]:
+    """The pids of `pid`'s children (zombies too), from its threads' /proc/PID/task/TID/children
+    files (a child is listed under the thread that forked it, or took it in as a subreaper)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # it has exited
+        return []
+    pids = []
+    for tid in threads:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        except OSError:  # the thread has exited
+            continue
+        try:
+            text = b""
+            while chunk := os.read(fd, 65536):
+                text += chunk
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        pids += map(int, text.split())
+    return pids
+
+
+# Whether the kernel lists each thread's children (CONFIG_PROC_CHILDREN, in every common distribution's
+# kernel): a walk down from the root then reads only its descendants' files, where the fallback reads
+# every process on the machine (a hundred or more) before and after each test.
+CHILDREN_FILES = SUPPORTED and os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
 def descendants(root: int | None = None, *, zombies: bool = False) -> dict[Key, Process]:
     """Every descendant of `root` (this process by default), live ones only unless `zombies`."""
     if not SUPPORTED:
@@ -112,11 +143,19 @@ def descendants(root: int | None = None, *, zombies: bool = False) -> dict[Key, 
     root = me if root is None else root
     if root == me and not _has_children():
         return {}
+    found, queue = {}, [root]
+    if CHILDREN_FILES:
+        while queue:
+            for pid in _children(queue.pop()):
+                if (process := read(pid)) is not None:
+                    queue.append(pid)
+                    if zombies or process.state != "Z":
+                        found[process.key] = process
+        return found
     children: dict[int, list[Process]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (process := read(int(name))) is not None:
             children.setdefault(process.ppid, []).append(process)
-    found, queue = {}, [root]
     while queue:
         for process in children.get(queue.pop(), ()):
             queue.append(process.pid)
