@@ -22,7 +22,8 @@ Pass CI=true in the environment to time CI's hypothesis profile (100 examples in
 --targets runs the README's two commands (every test under CI's profile, and the suites against
 the reference runtime) --runs times each, and says whether each run met its target in loop-times
 (TARGETS). With --out DIR it writes there what the README's figures are rendered from
-(scripts/figures.py): each command's last log, the line of every run (targets.txt) and the
+(scripts/figures.py): each command's last log, the log of any run that failed (NAME-runN-failed.txt,
+not a .log: the figures read only the last runs), the line of every run (targets.txt) and the
 machine (host.txt).
 """
 from __future__ import annotations
@@ -198,7 +199,7 @@ def targets(runs: int, out: Path | None) -> None:
     """The README's two commands, `runs` times each, against their targets in loop-times."""
     host, lines, met = machine(), [], defaultdict(int)
     print(host)
-    logs = {}
+    logs, failed = {}, {}
     for run in range(1, runs + 1):
         for name, title, args, env, target in TARGETS:
             command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
@@ -211,12 +212,16 @@ def targets(runs: int, out: Path | None) -> None:
             print(line, flush=True)
             lines.append(line)
             logs[name] = result.stdout + result.stderr
+            if result.returncode != 0:  # kept whichever run it was: the last run's log may not show it
+                failed[f"{name}-run{run}-failed"] = logs[name]
     summary = [f"{name}, {title}: target met in {met[name]} of {runs} runs" for name, title, *_ in TARGETS]
     print("\n".join(summary))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in logs.items():
             (out / f"{name}.log").write_text(text)  # the last run's: scripts/figures.py reads its summary line
+        for name, text in failed.items():
+            (out / f"{name}.txt").write_text(text)
         (out / "targets.txt").write_text("\n".join([host, *lines, *summary]) + "\n")
         (out / "host.txt").write_text(host + "\n")
         print(f"logs in {out} (then: python scripts/figures.py)")
