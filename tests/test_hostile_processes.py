@@ -320,13 +320,16 @@ def test_the_walk_down_the_childrens_files_finds_what_the_scan_of_every_process_
         while processes.read(exited.pid).state != "Z" and time.monotonic() < deadline:
             time.sleep(0.02)
         found = {}
-        for children_files in (True, False):
+        for children_files in (True, False):  # the tree under the child, and this process's zombie
             monkeypatch.setattr(processes, "CHILDREN_FILES", children_files)
-            found[children_files] = processes.descendants(), processes.descendants(zombies=True)
+            live = processes.descendants().values()  # other tests' processes may come and go around these
+            found[children_files] = ({p.pid for p in live if child.pid in (p.pid, p.ppid)},
+                                     exited.pid in {p.pid for p in live},
+                                     exited.pid in {p.pid for p in processes.descendants(zombies=True).values()})
         assert found[True] == found[False]
-        live, everything = found[True]
-        assert {p.pid for p in live.values() if p.ppid == child.pid} and len(sleepers()) == 2
-        assert exited.pid not in {p.pid for p in live.values()} and exited.pid in {p.pid for p in everything.values()}
+        tree, zombie_live, zombie_kept = found[True]
+        assert len(tree) == 3 and len(sleepers()) == 2  # the child's shell and its two sleeps, grandchildren here
+        assert not zombie_live and zombie_kept
     finally:
         child.kill()
         child.wait()
