@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import harness.expectations.anchor as anchor
-from harness.reliability import robustness
-from tests.test_hostile_runtimes import PLUGIN, importable_from_anywhere  # noqa: F401 (a fixture)
+from tests.test_hostile_runtimes import PLUGIN, STAND_IN_REPLACES, importable_from_anywhere, putting_back  # noqa: F401
 
 RUNTIMES = '''
 import os
@@ -129,12 +128,6 @@ DEVICES = ["stand-in", pytest.param("cuda", marks=pytest.mark.skipif(not torch.c
                                                                     reason="needs a CUDA device"))]
 
 
-# What the stand-in allocator and ANCHOR_TESTS replace, process-wide: put back after a session run in this process.
-STAND_INS = [*((torch.cuda, name) for name in ("is_initialized", "is_available", "device_count", "memory_allocated",
-                                                "get_rng_state_all", "empty_cache")),
-             (robustness, "cuda_probe"), (anchor, "Anchor")]
-
-
 def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in",
                tests: str = TESTS) -> tuple[dict[str, dict], dict]:
     """({test name: its JSON entry}, the JSON report) of `tests` against one of RUNTIMES, with the
@@ -149,12 +142,8 @@ def run_memory(pytester, monkeypatch, runtime: str, device: str = "stand-in",
     if device == "cuda":
         result = pytester.runpytest_subprocess(*args, "--graph-backend", "cuda")
     else:
-        originals = [(owner, name, getattr(owner, name)) for owner, name in STAND_INS]
-        try:
+        with putting_back([*STAND_IN_REPLACES, (anchor, "Anchor")]):  # ANCHOR_TESTS replaces the anchor too
             result = pytester.runpytest(*args)
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     (report,) = (pytester.path / "out").glob("conformance-*.json")
     data = json.loads(report.read_text())

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 from importlib import metadata
+from contextlib import contextmanager
 import signal
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import textwrap
 import pytest
 import torch  # imported here also so that in-process runs share it rather than import it again
 
+from harness.reliability import robustness
 from tests import hostile_runtimes
 
 # A checkout that is not installed (a GPU machine run with PYTHONPATH) has no entry point for the
@@ -26,6 +28,24 @@ from tests import hostile_runtimes
 PLUGIN = () if any(ep.value == "harness.plugin" for ep in metadata.entry_points(group="pytest11")) else (
     "-p", "harness.plugin")
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# What a stand-in CUDA allocator (STAND_IN_ALLOCATOR here, RUNTIMES in test_engine_memory.py)
+# replaces, process-wide: a session run in this process with one puts these back after it.
+STAND_IN_REPLACES = [*((torch.cuda, name) for name in ("is_initialized", "is_available", "device_count",
+                                                        "memory_allocated", "get_rng_state_all", "empty_cache")),
+                     (robustness, "cuda_probe")]
+
+
+@contextmanager
+def putting_back(replaced):
+    """Run the block, then give each (owner, name) in `replaced` the value it had before."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name in replaced]
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 @pytest.fixture(autouse=True)
@@ -385,18 +405,8 @@ def test_a_leak_is_seen_though_the_harness_frees_cached_engines_in_the_same_tear
     memory, freed there, hid a leak of the same size. Here with a stand-in CUDA allocator (a weak
     set of CPU tensors) so that it runs without a GPU; in this process, which gets back what the
     session's conftest replaced."""
-    import harness.reliability.robustness
-
-    replaced = [*((torch.cuda, name) for name in ("is_initialized", "is_available", "device_count", "memory_allocated",
-                                                   "get_rng_state_all", "empty_cache")),
-                (harness.reliability.robustness, "cuda_probe"), (hostile_runtimes, "_taints"),
-                (hostile_runtimes.Engine, "__init__")]
-    originals = [(owner, name, getattr(owner, name)) for owner, name in replaced]
-    try:
+    with putting_back([*STAND_IN_REPLACES, (hostile_runtimes, "_taints"), (hostile_runtimes.Engine, "__init__")]):
         result, tests, data = run(pytester, "LeavesStateBehind", LEAKS_LAST, conftest=STAND_IN_ALLOCATOR)
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
     assert outcomes(tests) == {"test_an_engine_cached_for_later_tests_is_not_taint": "passed",
                                "test_leaks_last": "error"}
     assert "CUDA memory allocated: 64.0 MiB more than before the test" in tests["test_leaks_last"]["reason"]
