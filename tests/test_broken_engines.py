@@ -94,8 +94,9 @@ def test_lazy_capture_declared_passes(pytester):
 
     name = broken_engines.LazyCaptureDeclared.name
     keys = f"test_capture_accounting.py::test_graphs_match_the_policy_keys[{name}-FULL-q1]"
-    targets = [AFTER_PHASE, keys, "test_capture_side_effects.py::test_lazy_capture_in_service_leaves_live_requests_intact",
-               MOVED.format(name=name), f"test_launch_overhead.py::test_a_graph_step_submits_far_less_than_eager[{name}-PIECEWISE-3]"]
+    targets = [AFTER_PHASE, keys, MOVED.format(name=name),
+               "test_capture_side_effects.py::test_lazy_capture_in_service_leaves_live_requests_intact",
+               f"test_launch_overhead.py::test_a_graph_step_submits_far_less_than_eager[{name}-PIECEWISE-3]"]
     report = run_suites(pytester, "tests.broken_engines:LazyCaptureDeclared", targets)
     outcomes = {t["nodeid"].split("/")[-1]: (t["outcome"], t.get("reason", "")) for t in report["tests"]}
     assert len(outcomes) == len(targets), outcomes
