@@ -21,7 +21,7 @@ import time
 
 from harness import protocol as p
 
-from . import release, settings
+from . import attention_trace, release, settings
 from .policy import graph_descriptors, sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
@@ -60,6 +60,7 @@ class VllmEngine:
 
         config, label = self.config, self.label
         policy = config.policy
+        attention_trace.install()  # only where CUDAGRAPH_VLLM_ATTENTION_TRACE asks for it
         # One more position than the harness asks for: after a step the runner writes the sampled
         # token at index len(tokens) of its per-request token table (input_batch.post_update).
         args = settings.engine_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,

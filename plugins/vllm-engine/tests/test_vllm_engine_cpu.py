@@ -395,3 +395,18 @@ def test_an_engine_that_is_not_what_the_policy_answers_is_closed_and_refused(mon
     with pytest.raises(RuntimeError, match=r"capture sizes \[1, 2, 4, 8, 16\].*answers FULL_AND_PIECEWISE, \[1, 2, 4, 8\]"):
         runtime.build(config)
     assert closed == ["engine #1 FULL_AND_PIECEWISE float32 seqs=8 tokens=64"]
+
+
+def test_the_attention_trace_restates_vllms_kernel_rule_and_is_off_unless_asked(monkeypatch):
+    """The split (3D) kernel only for decode batches of at most `threshold` sequences with its
+    buffers allocated (vLLM 0.25's use_3d); without the variable nothing is wrapped."""
+    from cudagraph_vllm_engine import attention_trace
+
+    assert attention_trace.kernel(4, 1, 8, True) == "3d"
+    assert attention_trace.kernel(8, 1, 8, True) == "3d"
+    assert attention_trace.kernel(9, 1, 8, True) == "2d"  # more sequences than the threshold
+    assert attention_trace.kernel(4, 2, 8, True) == "2d"  # a query longer than one token
+    assert attention_trace.kernel(4, 1, None, True) == "2d"  # no threshold
+    assert attention_trace.kernel(4, 1, 8, False) == "2d"  # no segment buffers
+    monkeypatch.delenv(attention_trace.VARIABLE, raising=False)
+    assert attention_trace.install() is False
