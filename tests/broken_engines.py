@@ -473,11 +473,14 @@ class _RecordsPerContext(_CapturesInService):
     not seen at that key (as a graph compiled with a host length baked in would be): graphs pile up
     with every decode step."""
 
+    def __init__(self, config, **seams):
+        super().__init__(config, **seams)
+        self.recorded_at: set[tuple] = set()  # (mode, key, longest context) of every recording
+
     def execute(self, plan):
-        seen = self.__dict__.setdefault("_recorded_at", set())
         at = (plan.mode, plan.key, max(plan.seq_lens, default=0))
-        if plan.mode is not NONE and at not in seen:
-            seen.add(at)
+        if plan.mode is not NONE and at not in self.recorded_at:
+            self.recorded_at.add(at)
             self.full_graphs.pop(plan.key, None)
             self.piece_graphs.pop(plan.num_padded_tokens, None)
         return super().execute(plan)
