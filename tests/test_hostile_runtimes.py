@@ -264,7 +264,7 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
         def test_never_reached(runtime):
             pass
     """, "--test-timeout", "2", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
-    assert result.ret == 1  # 2 s: test_then_runs writes 160 MiB, past 1 s on a loaded 2-core machine
+    assert result.ret == 1  # 2 s: at 1 s test_then_runs (160 MiB written) failed once in a full CI run
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
                                "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}
     assert "MemoryError" in tests["test_exhausts_memory"]["reason"]
