@@ -5,7 +5,7 @@ into segments and combines them after; the two reduce in different orders. It pi
 `kernel()` restates (`use_3d` in vllm/v1/attention/ops/triton_unified_attention.py; its batch
 invariance switch, off here, is left out). With CUDAGRAPH_VLLM_ATTENTION_TRACE set to part of a
 test id, every call made during such a test goes to the events log (settings.event) with the rule's
-inputs and whether a graph was being captured: a FULL graph's line is its capture, since its
+inputs, whether a graph was being captured and torch's float32 matmul precision (a process-wide knob): a FULL graph's line is its capture, since its
 replays run no Python, while eager and PIECEWISE steps call it at every step.
 """
 from __future__ import annotations
@@ -39,12 +39,17 @@ def install() -> bool:
     def traced(*args, **kwargs):
         test = os.environ.get("PYTEST_CURRENT_TEST", "")
         if wanted in test:
-            num_seqs, max_q = len(kwargs["seqused_k"]), kwargs["max_seqlen_q"]
-            threshold = kwargs.get("seq_threshold_3D")
-            buffers = all(kwargs.get(name) is not None for name in SEGMENT_BUFFERS)
-            settings.event(f"attention {test.split(' ')[0]} capturing={torch.cuda.is_current_stream_capturing()} "
-                           f"num_seqs={num_seqs} max_seqlen_q={max_q} max_seqlen_k={kwargs['max_seqlen_k']} "
-                           f"threshold={threshold} kernel={kernel(num_seqs, max_q, threshold, buffers)}")
+            try:
+                num_seqs, max_q = len(kwargs["seqused_k"]), kwargs["max_seqlen_q"]
+                threshold = kwargs.get("seq_threshold_3D")
+                buffers = all(kwargs.get(name) is not None for name in SEGMENT_BUFFERS)
+                line = (f"capturing={torch.cuda.is_current_stream_capturing()} num_seqs={num_seqs} "
+                        f"max_seqlen_q={max_q} max_seqlen_k={kwargs['max_seqlen_k']} threshold={threshold} "
+                        f"kernel={kernel(num_seqs, max_q, threshold, buffers)} "
+                        f"matmul_precision={torch.get_float32_matmul_precision()}")
+            except Exception as error:  # a probe must not change the run it watches
+                line = f"not traced: {error!r}"
+            settings.event(f"attention {test.split(' ')[0]} {line}")
         return original(*args, **kwargs)
 
     traced.traced = True
