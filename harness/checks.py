@@ -89,14 +89,15 @@ class Check:
             return exc
         self.fail(f"{what}: expected a ValueError, got a result", case=case, source=source, actual=safe_repr(result))
 
-    def same_bits(self, actual, expected, *, what: str, source: str, case=None) -> None:
-        """Bit-equality of tensors (torch.equal, NaN by bit pattern); records the largest difference."""
+    def same_bits(self, actual, expected, *, what: str, source: str, case=None, **details) -> None:
+        """Bit-equality of tensors (torch.equal, NaN by bit pattern); records the largest difference.
+        `details` are lines of the failure message (a diagnosis the caller made)."""
         from harness.expectations.equality import first_mismatch, largest_difference
 
         mismatch = first_mismatch(actual, expected)
         if mismatch is not None:
             self.note_difference(largest_difference(actual, expected))
-            self.fail(what, case=case, source=source, mismatch=mismatch)
+            self.fail(what, case=case, source=source, mismatch=mismatch, **details)
 
     # -- reporting --------------------------------------------------------------------------
     def note_difference(self, difference: float | None) -> None:

@@ -14,6 +14,7 @@ is checked against the runtime's own dispatch() on every step (harness.runtime.o
 """
 import pytest
 
+from harness.expectations.equality import largest_difference, same_bits
 from harness.scenarios.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
                                       prefill, prefill_within, rows_changing_owner, uneven_requests)
 from harness.vocabulary import EAGER, GRAPH_MODES, MIXED_GRAPH_MODES
@@ -22,6 +23,7 @@ INVARIANT = "replay equivalence"
 pytestmark = pytest.mark.requires("execution")
 TWIN_EAGER = "an eager step of a second engine of the same runtime and mode, driven through the same steps"
 LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
+OWNER_IDS = 60_000  # the first request id of the rows-changing-owner pool: its prompts follow from it
 
 
 def boundary_counts(runtime, engine, above: int = 0) -> list[int]:
@@ -156,23 +158,43 @@ def test_decode_rows_follow_their_requests(check, engines, mode):
     graph engine, with no other step in between, so whatever it kept from one step is what the
     next builds on; each against an eager step of a second engine of the same mode (the suites'
     shared one) driven through the same steps. A bug shared by both paths is the numerical
-    anchor's to catch."""
-    _rows_follow_their_requests(check, engines.for_mode(mode, fresh=True), engines.for_mode(mode), q=1)
+    anchor's to catch. A mismatch also says which side moved (_which_side_moved)."""
+    _rows_follow_their_requests(check, engines, mode, spec=0, q=1)
 
 
 @pytest.mark.requires("speculative_steps")
 def test_verify_rows_follow_their_requests(check, engines):
     """The same with verify steps of q = 2 tokens a request (a row's positions and slots span two)."""
-    mode = "FULL_AND_PIECEWISE"
-    _rows_follow_their_requests(check, engines.for_mode(mode, spec=1, fresh=True), engines.for_mode(mode, spec=1), q=2)
+    _rows_follow_their_requests(check, engines, "FULL_AND_PIECEWISE", spec=1, q=2)
 
 
-def _rows_follow_their_requests(check, graph_engine, twin, q):
+def _rows_follow_their_requests(check, engines, mode, spec, q):
     steps = "decode" if q == 1 else f"verify (q = {q})"
-    graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, 60_000, q)]
-    for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000, q)):
+    graph_engine, twin = engines.for_mode(mode, spec=spec, fresh=True), engines.for_mode(mode, spec=spec)
+    graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, OWNER_IDS, q)]
+    for t, (requests, _) in enumerate(rows_changing_owner(twin, OWNER_IDS, q)):
         got = graph[t]
         expected = twin.eager_step(requests, got.padded_num_tokens)
+        details = {} if same_bits(got.logits, expected.logits) else {
+            "a fresh engine": _which_side_moved(engines.for_mode(mode, spec=spec, fresh=True), graph, t, q, expected)}
         check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
                         what=f"{steps} step {t} of one size whose rows change owner (rows {OWNER_ROWS[t]} of the pool)",
-                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}")
+                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}", **details)
+
+
+def _which_side_moved(fresh, graph, t, q, twin_step) -> str:
+    """After a mismatch at step t: the same steps, eager, on a third engine that has served nothing
+    else. Agreeing with the graph engine (fresh too) puts the difference in what the shared twin
+    served before; agreeing with the twin puts it in the graph step."""
+    for s, (requests, _) in enumerate(rows_changing_owner(fresh, OWNER_IDS, q)):
+        opinion = fresh.eager_step(requests, graph[s].padded_num_tokens)
+        if s == t:
+            break
+    with_graph, with_twin = same_bits(opinion.logits, graph[t].logits), same_bits(opinion.logits, twin_step.logits)
+    if with_graph:
+        return ("its eager step equals the graph step, so the shared twin's eager step moved: what that engine "
+                "served before changed its result (its history, not the graph)")
+    if with_twin:
+        return "its eager step equals the shared twin's: the graph step is what differs"
+    return (f"its eager step equals neither (largest difference {largest_difference(opinion.logits, graph[t].logits)} "
+            f"from the graph step, {largest_difference(opinion.logits, twin_step.logits)} from the twin's)")

@@ -240,6 +240,24 @@ class _SwapBreaksTheStepStager(StaticBuffers):
         setattr(self, name, getattr(self, name).tolist())
 
 
+class _EagerDriftsWithHistory(ModelRunner):
+    """Its eager steps round differently (one ulp up) once the engine has served many steps, as a
+    workspace or cache that a long history changes would: graph and eager agree on a fresh engine,
+    and drift apart on one that has served a while."""
+    DRIFTS_AFTER = 40  # steps: more than a fresh engine serves in the rows-changing-owner test
+
+    def __init__(self, config, **seams):
+        super().__init__(config, **seams)
+        self.served = 0
+
+    def execute(self, plan):
+        self.served += 1
+        result = super().execute(plan)
+        if plan.mode is NONE and self.served > self.DRIFTS_AFTER:
+            return replace(result, logits=torch.nextafter(result.logits, torch.full_like(result.logits, float("inf"))))
+        return result
+
+
 # -- what runs and what is reported ---------------------------------------------------------------
 class _SilentDowngrade(ModelRunner):
     """Resolves the mode as the table says but keeps the downgrade to itself."""
@@ -507,6 +525,7 @@ KeptRowsKeepTheirTables = mutant("kept-rows-keep-their-tables", "KeptRowsKeepThe
 RowsKeepTheirTablesOnEveryPath = mutant("rows-keep-their-tables-on-every-path", "RowsKeepTheirTablesOnEveryPath",
                                         with_seams(planner=_RowsKeepTheirTablesOnEveryPathPlanner),
                                         _RowsKeepTheirTablesOnEveryPathPlanner.__doc__)
+EagerDriftsWithHistory = mutant("eager-drifts-with-history", "EagerDriftsWithHistory", _EagerDriftsWithHistory)
 KeptRowsUpdateOneTokenARow = mutant("kept-rows-update-one-token-a-row", "KeptRowsUpdateOneTokenARow",
                                     with_seams(planner=_KeptRowsUpdateOneTokenARowPlanner),
                                     _KeptRowsUpdateOneTokenARowPlanner.__doc__)
@@ -565,4 +584,4 @@ MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyRe
            ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
            RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
            SecondCaptureTypeError, RecapturesSilently, CapturesInService, RecordsPerContext,
-           LazyChecksTheFirstReplayOnly, StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared]
+           LazyChecksTheFirstReplayOnly, StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared, EagerDriftsWithHistory]
