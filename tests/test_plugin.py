@@ -402,7 +402,7 @@ def test_report_dir_gets_json_and_markdown(pytester, monkeypatch):
 
         @pytest.mark.xfail(reason="known bad", strict=True)
         def test_expected_failure(runtime):
-            raise AssertionError
+            raise AssertionError("rows moved by 7e-05")
         """
     )
     # A subprocess: whatever the report imports (torch, for the device line) must not be imported
@@ -422,6 +422,9 @@ def test_report_dir_gets_json_and_markdown(pytester, monkeypatch):
     }
     assert "RuntimeError: engine exploded" in tests["test_raises[myname]"]["reason"]
     assert "no GPU here" in tests["test_skipped[myname]"]["reason"]
+    # An xfail keeps what it stands for and the failure it covered (the finding's figures, run by run).
+    assert tests["test_expected_failure[myname]"]["reason"].startswith("known bad")
+    assert "rows moved by 7e-05" in tests["test_expected_failure[myname]"]["reason"]
     markdown = (pytester.path / "out" / "conformance-myname.md").read_text()
     assert markdown.startswith("# Conformance report: myname 1.2")
     assert "### test_report_dir_gets_json_and_markdown.py::test_raises[myname]" in markdown

@@ -340,14 +340,15 @@ def _outcome(report) -> str:
 
 
 def _reason(report) -> str:
+    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
+    crash = crash.removeprefix("Failed: ").strip()
     if hasattr(report, "wasxfail"):
-        return report.wasxfail
+        # What the xfail stands for, and the failure itself: the finding's figures, run by run.
+        return report.wasxfail + (f"\n\nthe failure it covers: {safe_str(crash, limit=2000)}" if crash else "")
     if report.skipped and isinstance(report.longrepr, tuple):
         return report.longrepr[2]
     # The crash message is the check's own text (or the exception's); the tail of the longer
     # representation holds the last frames. Long tracebacks are cut in the middle, never the message.
-    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
-    crash = crash.removeprefix("Failed: ").strip()
     text = safe_str(report.longrepr, limit=100_000)
     if len(text) <= 4000:
         return text
