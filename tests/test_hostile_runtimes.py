@@ -39,13 +39,24 @@ STAND_IN_REPLACES = [*((torch.cuda, name) for name in ("is_initialized", "is_ava
 
 @contextmanager
 def putting_back(replaced):
-    """Run the block, then give each (owner, name) in `replaced` the value it had before."""
+    """Run the block, then give each (owner, name) in `replaced` the value it had before; fail, naming
+    it, where the block replaced anything else its owners had (the list is out of date, and the
+    replacement would outlive the test). Names the block added (modules imported lazily) are left."""
+    owners = list({id(owner): owner for owner, _ in replaced}.values())
+    before = [(owner, dict(vars(owner))) for owner in owners]
     originals = [(owner, name, getattr(owner, name)) for owner, name in replaced]
     try:
         yield
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+        changed = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, snapshot in before
+                   for name, value in snapshot.items() if vars(owner).get(name, value) is not value]
+        for owner, snapshot in before:  # put those back too, so one stale list fails one test only
+            for name, value in snapshot.items():
+                if vars(owner).get(name, value) is not value:
+                    setattr(owner, name, value)
+        assert not changed, f"replaced and not in the list given to putting_back: {changed}"
 
 
 @pytest.fixture(autouse=True)
