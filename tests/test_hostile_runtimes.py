@@ -50,13 +50,12 @@ def putting_back(replaced):
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
-        changed = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, snapshot in before
+        changed = [(owner, name, value) for owner, snapshot in before
                    for name, value in snapshot.items() if vars(owner).get(name, value) is not value]
-        for owner, snapshot in before:  # put those back too, so one stale list fails one test only
-            for name, value in snapshot.items():
-                if vars(owner).get(name, value) is not value:
-                    setattr(owner, name, value)
-        assert not changed, f"replaced and not in the list given to putting_back: {changed}"
+        for owner, name, value in changed:  # put those back too, so a stale list fails one test only
+            setattr(owner, name, value)
+        names = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in changed]
+        assert not changed, f"replaced and not in the list given to putting_back: {names}"
 
 
 @pytest.fixture(autouse=True)
