@@ -584,4 +584,5 @@ MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyRe
            ReportsWrongMode, UniformByCount, StandInGraphs, DoubleReplay, WindowFrozenAtCapture, AlwaysLiar,
            RotaryOffByOne, CaptureWritesLiveKV, CaptureConsumesKVCapacity, PiecewiseIsOneGraph, GraphMemoryInKiB,
            SecondCaptureTypeError, RecapturesSilently, CapturesInService, RecordsPerContext,
-           LazyChecksTheFirstReplayOnly, StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared, EagerDriftsWithHistory]
+           LazyChecksTheFirstReplayOnly, StalePaddingIdsDeclaredRandom, RandomPaddingIdsUndeclared,
+           EagerDriftsWithHistory]

@@ -5,8 +5,9 @@ into segments and combines them after; the two reduce in different orders. It pi
 `kernel()` restates (`use_3d` in vllm/v1/attention/ops/triton_unified_attention.py; its batch
 invariance switch, off here, is left out). With CUDAGRAPH_VLLM_ATTENTION_TRACE set to part of a
 test id, every call made during such a test goes to the events log (settings.event) with the rule's
-inputs, whether a graph was being captured and torch's float32 matmul precision (a process-wide knob): a FULL graph's line is its capture, since its
-replays run no Python, while eager and PIECEWISE steps call it at every step.
+inputs, whether a graph was being captured and torch's float32 matmul precision (a process-wide
+knob): a FULL graph's line is its capture, since its replays run no Python, while eager and
+PIECEWISE steps call it at every step.
 """
 from __future__ import annotations
 
