@@ -27,24 +27,34 @@ import time
 import torch
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def probe_arguments(doc: str) -> argparse.ArgumentParser:
+    """The options of the engine probes (this one, scripts/process_state_probe.py)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--runtime", default="reference")
     parser.add_argument("--graph-backend", default="cuda")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--modes", default="FULL,PIECEWISE,FULL_DECODE_ONLY,FULL_AND_PIECEWISE")
-    args = parser.parse_args(argv)
+    return parser
 
-    from harness.protocol import Request
+
+def probe_factory(args):
+    """The runtime's engines as a suites run builds them, with the harness counting graph launches."""
     from harness.runtime import registry
     from harness.runtime.observe import EngineFactory
-    from harness.scenarios.batches import advance, decode_requests, prompt, Sequence, rows_changing_owner
-
     from harness.session import machine
 
     runtime = registry.resolve(args.runtime, None)
-    machine.share(args.graph_backend, None)  # the harness counts graph launches from here on, as in a run
-    factory = EngineFactory(runtime, args.graph_backend, preset=args.preset)
+    machine.share(args.graph_backend, None)
+    return EngineFactory(runtime, args.graph_backend, preset=args.preset)
+
+
+def main(argv=None) -> int:
+    args = probe_arguments(__doc__).parse_args(argv)
+
+    from harness.protocol import Request
+    from harness.scenarios.batches import advance, decode_requests, prompt, Sequence, rows_changing_owner
+
+    factory = probe_factory(args)
     begin = time.perf_counter()
 
     budget = factory.defaults["max_num_batched_tokens"]

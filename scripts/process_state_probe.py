@@ -23,10 +23,11 @@ the raw bytes), so the distinct results, and the round where one appears, can be
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 import time
+
+from history_probe import probe_arguments, probe_factory
 
 OWNER_IDS = 60_000
 
@@ -37,23 +38,14 @@ def fingerprint(logits) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runtime", default="reference")
-    parser.add_argument("--graph-backend", default="cuda")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--modes", default="FULL,PIECEWISE,FULL_DECODE_ONLY,FULL_AND_PIECEWISE")
+    parser = probe_arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=300.0, help="no new round starts after this")
     args = parser.parse_args(argv)
 
-    from harness.runtime import registry
-    from harness.runtime.observe import EngineFactory
     from harness.scenarios.batches import rows_changing_owner
-    from harness.session import machine
 
-    runtime = registry.resolve(args.runtime, None)
-    machine.share(args.graph_backend, None)  # the harness counts graph launches from here on, as in a run
-    factory = EngineFactory(runtime, args.graph_backend, preset=args.preset)
+    factory = probe_factory(args)
     modes = args.modes.split(",")
     begin = time.perf_counter()
     shared = {mode: factory.get(mode=mode) for mode in modes}
