@@ -26,6 +26,8 @@ import time
 
 import torch
 
+OWNER_IDS = 60_000  # the rows test's first request id (suites/test_replay_equivalence.py)
+
 
 def probe_arguments(doc: str) -> argparse.ArgumentParser:
     """The options of the engine probes (this one, scripts/process_state_probe.py)."""
@@ -83,11 +85,11 @@ def main(argv=None) -> int:
         fresh_twin = factory.get(mode=mode, fresh=True)
         used_twin = factory.get(mode=mode, fresh=True)
         history(used_twin, 500)
-        got = [graph.step(requests) for requests, _ in rows_changing_owner(graph, 60_000)]
+        got = [graph.step(requests) for requests, _ in rows_changing_owner(graph, OWNER_IDS)]
         twins = {}
         for name, twin in (("T0", fresh_twin), ("T1", used_twin)):
             twins[name] = [twin.eager_step(requests, got[t].padded_num_tokens)
-                           for t, (requests, _) in enumerate(rows_changing_owner(twin, 60_000))]
+                           for t, (requests, _) in enumerate(rows_changing_owner(twin, OWNER_IDS))]
         for t, result in enumerate(got):
             line = [f"PROBE mode={mode} step={t} ran {result.runtime_mode} at {result.padded_num_tokens}"]
             pairs = (("G=T0", result, twins["T0"][t]), ("G=T1", result, twins["T1"][t]),

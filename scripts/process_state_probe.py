@@ -27,9 +27,7 @@ import hashlib
 import sys
 import time
 
-from history_probe import probe_arguments, probe_factory
-
-OWNER_IDS = 60_000
+from history_probe import OWNER_IDS, probe_arguments, probe_factory
 
 
 def fingerprint(logits) -> str:
@@ -43,6 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0, help="no new round starts after this")
     args = parser.parse_args(argv)
 
+    from harness.expectations.equality import same_bits
     from harness.scenarios.batches import rows_changing_owner
 
     factory = probe_factory(args)
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
                   f"G graph {note(where + ' G graph', g0.logits)}, G eager {note(where + ' G eager', own0.logits)}, "
                   f"E eager {note(where + ' E eager', e0.logits)}, S eager {note(where + ' S eager', s0.logits)}; "
                   f"steps where G graph = E eager: "
-                  f"{sum(_same(a.logits, b.logits) for (a, _), b in zip(steps, others['E']))}/{len(steps)}",
+                  f"{sum(same_bits(a.logits, b.logits) for (a, _), b in zip(steps, others['E']))}/{len(steps)}",
                   flush=True)
             second.close()
             graph.close()
@@ -88,12 +87,6 @@ def main(argv=None) -> int:
         print(f"PROBE result {mark}: {len(where)} times, first at {where[0]}, last at {where[-1]}", flush=True)
     print(f"PROBE done in {time.perf_counter() - begin:.1f}s: {len(seen)} distinct step-0 results", flush=True)
     return 0
-
-
-def _same(a, b) -> bool:
-    import torch
-
-    return torch.equal(a, b)
 
 
 if __name__ == "__main__":
