@@ -120,6 +120,34 @@ def _forbidden_reason(func, args, kwargs) -> str | None:
     return _reason_by_kind(func)
 
 
+class _Op:
+    """What the recorder needs to know of an op, whatever its arguments: looked up once per op kind."""
+
+    __slots__ = ("composite", "checked", "written", "mutable", "aliases_only", "replayed")
+
+    def __init__(self, func):
+        self.composite = _is_composite(func)
+        # Ops whose capturability depends on their arguments; the rest are decided by kind here.
+        self.checked = (func in _INDEX_OPS or func in (aten.lift_fresh.default, aten._to_copy.default, aten.copy_.default)
+                        or _reason_by_kind(func) is not None)
+        self.written = _written_arguments(func)
+        self.mutable = func._schema.is_mutable  # in-place and out= ops do work though they allocate nothing
+        # A view's outputs share its input's memory: it allocates nothing.
+        self.aliases_only = func.is_view
+        # Whether a replay runs it: views, in-place views and uninitialised allocations launch nothing.
+        self.replayed = not (func.is_view or torch.Tag.inplace_view in func.tags or func in _UNINITIALISED)
+
+
+_OPS: dict[Any, _Op] = {}
+
+
+def _op(func) -> _Op:
+    op = _OPS.get(func)
+    if op is None:
+        op = _OPS[func] = _Op(func)
+    return op
+
+
 @functools.lru_cache(maxsize=None)
 def _written_arguments(func) -> tuple[tuple[int, str], ...]:
     """(position, name) of each argument the op writes into (in-place and out=); none for a functional op."""
@@ -163,7 +191,9 @@ class _RecordingMode(modes.HarnessMode):
         self.graph_name = graph_name
         self.pool = pool
         self.new_bytes = 0  # bytes of the blocks this capture added to its pool
-        self.ops: list[tuple[Any, tuple, dict, Any, list]] = []
+        # What a replay runs, in order: (func, args, kwargs, copy_into), see _step.
+        self.steps: list[tuple] = []
+        self.fresh: list[torch.Tensor] = []  # what the capture allocated, as recorded (for undo)
         self.allocated: set[int] = set()  # storages this capture allocated, by data_ptr
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}  # data_ptr -> (storage, before)
         # id of a tensor the program passed -> (weakref to it, its alias; None: not in pool memory)
@@ -171,35 +201,47 @@ class _RecordingMode(modes.HarnessMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        op = _op(func)
         # Under inference_mode composite ops reach us undecomposed; decompose them with this
         # mode active so the recorded ops (and hidden syncs) are the same as under no_grad.
-        if _is_composite(func):
+        if op.composite:
             if _returns_its_input(func, args, kwargs):
                 return args[0]
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 return decomposed
-        reason = _forbidden_reason(func, args, kwargs)
-        if reason:
+        if op.checked and (reason := _forbidden_reason(func, args, kwargs)):
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
-        if _written_arguments(func):
-            for tensor in _written(func, args, kwargs):
-                storage = tensor.untyped_storage()
-                key = storage.data_ptr()
-                if key not in self.allocated and key not in self.saved and storage.nbytes():
-                    self.saved[key] = (storage, storage.clone())
+        for tensor in _written(func, args, kwargs) if op.written else ():
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if key not in self.allocated and key not in self.saved and storage.nbytes():
+                self.saved[key] = (storage, storage.clone())
         output = func(*args, **kwargs)
         outputs = [output] if type(output) is torch.Tensor else _leaves(output)
-        fresh = _fresh_outputs(args, kwargs, outputs)
+        fresh = [] if op.aliases_only else _fresh_outputs(args, kwargs, outputs)
         with torch._C._DisableTorchDispatch():
             self._place(fresh)
             self._watch(outputs, fresh)
-            recorded = (_map_leaves(args, self._recorded), _map_leaves(kwargs, self._recorded) if kwargs else {},
-                        _map_leaves(output, self._recorded))
             fresh = [(index, self._recorded(tensor)) for index, tensor in fresh]
-        self.ops.append((func, *recorded, fresh))
+            self.fresh += [tensor for _, tensor in fresh]
+            if op.replayed and (fresh or op.mutable):
+                self.steps.append(self._step(func, args, kwargs, output, fresh))
         return output
+
+    def _step(self, func, args, kwargs, output, fresh) -> tuple:
+        """(func, args, kwargs, copy_into) over recorded tensors, for an op a replay runs.
+
+        copy_into is the recorded output tensor (single-output op), a tuple of (leaf index, recorded
+        tensor) (multi-output op), or None when every output aliases an input (in-place, out=).
+        """
+        args, kwargs = _map_leaves(args, self._recorded), _map_leaves(kwargs, self._recorded) if kwargs else {}
+        if not fresh:
+            return func, args, kwargs, None
+        if isinstance(output, torch.Tensor):
+            return func, args, kwargs, self._recorded(output)
+        return func, args, kwargs, tuple(fresh)
 
     def _place(self, fresh) -> None:
         """Move each storage the op allocated into a block of the pool (a freed one where one fits)."""
@@ -245,9 +287,8 @@ class _RecordingMode(modes.HarnessMode):
         before get their old data back, and what the capture allocated holds no result."""
         for storage, before in self.saved.values():
             storage.copy_(before)
-        for *_, fresh in self.ops:
-            for _, tensor in fresh:
-                tensor.fill_(float("nan") if tensor.is_floating_point() or tensor.is_complex() else 0)
+        for tensor in self.fresh:
+            tensor.fill_(float("nan") if tensor.is_floating_point() or tensor.is_complex() else 0)
 
 
 class _HostReadGuard(TorchFunctionMode):
@@ -270,22 +311,6 @@ def _fresh_outputs(args, kwargs, outputs: list) -> list[tuple[int, torch.Tensor]
     inputs = _leaves(args) + _leaves(kwargs) if kwargs else _leaves(args)
     input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
     return [(i, t) for i, t in tensors if t.untyped_storage().data_ptr() not in input_storages]
-
-
-def _replay_step(func, args, kwargs, output, fresh) -> tuple | None:
-    """(func, args, kwargs, copy_into) for an op that does work at replay, else None.
-
-    copy_into is the recorded output tensor (single-output op), a tuple of (leaf index, recorded
-    tensor) (multi-output op), or None when every output aliases an input (in-place, out=).
-    """
-    if func.is_view or torch.Tag.inplace_view in func.tags or func in _UNINITIALISED:
-        return None
-    if not fresh:
-        # In-place and out= ops still do work; a pure alias (_unsafe_view) already sees the data.
-        return (func, args, kwargs, None) if func._schema.is_mutable else None
-    if isinstance(output, torch.Tensor):
-        return (func, args, kwargs, output)
-    return (func, args, kwargs, tuple(fresh))
 
 
 class CUDAGraph:
@@ -323,8 +348,7 @@ class CUDAGraph:
             recorder.undo()
         if failed:
             return
-        steps = [step for op in recorder.ops if (step := _replay_step(*op)) is not None]
-        self._steps, self.num_ops, self.held_bytes = steps, len(steps), recorder.new_bytes
+        self._steps, self.num_ops, self.held_bytes = recorder.steps, len(recorder.steps), recorder.new_bytes
         LOG.captures += 1
         LOG.held_bytes += self.held_bytes
 

@@ -34,6 +34,7 @@ class Block:
 
     def __init__(self, storage: torch.UntypedStorage, pool: "Pool"):
         self.storage, self.nbytes, self.address, self.device = storage, storage.nbytes(), storage.data_ptr(), storage.device
+        self.bytes = _bytes(storage)  # its memory as one byte tensor, to copy an allocation's values in
         self.pool = weakref.ref(pool)
         self.users: list[weakref.ref] = []
         self.live = 0
@@ -56,7 +57,7 @@ class Block:
             return False
         if _use_count is None:
             return True
-        return _use_count(self.storage._cdata) <= 1 + len(self.aliases)  # this block's own reference, the aliases
+        return _use_count(self.storage._cdata) <= 2 + len(self.aliases)  # this block's own two references, the aliases
 
 
 class Pool:
@@ -84,7 +85,7 @@ class Pool:
                 block = candidate
         if block is not None:
             self.free.discard(block)
-            _bytes(block.storage)[:size].copy_(_bytes(storage))
+            block.bytes[:size].copy_(_bytes(storage))
             block.users.clear()
             return block, True
         block = self.blocks[storage.data_ptr()] = _blocks[storage.data_ptr()] = Block(storage, self)
@@ -120,9 +121,9 @@ def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def alias(tensor: torch.Tensor, block: Block) -> torch.Tensor:
-    """Another tensor object over the same memory, shape and strides (what the emulator records)."""
-    copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
-        tensor.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
+    """Another tensor object over the same memory, shape and strides (what the emulator records):
+    detach() makes one that shares the memory and keeps no reference to the tensor itself."""
+    copy = tensor.detach()
     block.aliases.add(copy)
     return copy
 

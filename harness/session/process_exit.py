@@ -1,4 +1,10 @@
-"""The end of a pytest process: the session's garbage collected once, and what survives frozen.
+"""The garbage collector around a pytest process's session: what is alive when its tests start
+frozen, and at its end the session's garbage collected once, and what survives frozen.
+
+Before the first test, everything alive (torch, the runtime's modules, the collected tests) lives
+as long as the session. The harness runs full collections during the run, to measure what a test
+left on the device, and each would walk all of it again; frozen after one collection (so that no
+garbage is kept), it is out of their way, and they walk only what the tests made.
 
 After the last hook pytest runs five full garbage collections, to surface exceptions raised in
 finalizers, and the interpreter runs more as it exits. In a process that holds torch (and, in a
@@ -31,6 +37,15 @@ def pytest_configure(config) -> None:
         gc.unfreeze()
         _frozen = False
     _open += 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session) -> None:
+    global _frozen
+    if _open == 1 and gc.isenabled():
+        gc.collect()
+        gc.freeze()
+        _frozen = True
 
 
 @pytest.hookimpl(trylast=True)
