@@ -26,7 +26,6 @@ import time
 
 import torch
 
-OWNER_IDS = 60_000  # the rows test's first request id (suites/test_replay_equivalence.py)
 
 
 def probe_arguments(doc: str) -> argparse.ArgumentParser:
@@ -85,11 +84,11 @@ def main(argv=None) -> int:
         fresh_twin = factory.get(mode=mode, fresh=True)
         used_twin = factory.get(mode=mode, fresh=True)
         history(used_twin, 500)
-        got = [graph.step(requests) for requests, _ in rows_changing_owner(graph, OWNER_IDS)]
+        got = [graph.step(requests) for requests, _ in rows_changing_owner(graph)]
         twins = {}
         for name, twin in (("T0", fresh_twin), ("T1", used_twin)):
             twins[name] = [twin.eager_step(requests, got[t].padded_num_tokens)
-                           for t, (requests, _) in enumerate(rows_changing_owner(twin, OWNER_IDS))]
+                           for t, (requests, _) in enumerate(rows_changing_owner(twin))]
         for t, result in enumerate(got):
             line = [f"PROBE mode={mode} step={t} ran {result.runtime_mode} at {result.padded_num_tokens}"]
             pairs = (("G=T0", result, twins["T0"][t]), ("G=T1", result, twins["T1"][t]),

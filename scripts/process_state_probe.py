@@ -27,7 +27,7 @@ import hashlib
 import sys
 import time
 
-from history_probe import OWNER_IDS, probe_arguments, probe_factory
+from history_probe import probe_arguments, probe_factory
 
 
 def fingerprint(logits) -> str:
@@ -61,13 +61,13 @@ def main(argv=None) -> int:
         for mode in modes:
             graph, second = factory.get(mode=mode, fresh=True), factory.get(mode=mode, fresh=True)
             steps = []
-            for requests, _ in rows_changing_owner(graph, OWNER_IDS):
+            for requests, _ in rows_changing_owner(graph):
                 got = graph.step(requests)
                 steps.append((got, graph.eager_step(requests, got.padded_num_tokens)))
             others = {}
             for name, engine in (("E", second), ("S", shared[mode])):
                 others[name] = [engine.eager_step(requests, steps[t][0].padded_num_tokens)
-                                for t, (requests, _) in enumerate(rows_changing_owner(engine, OWNER_IDS))]
+                                for t, (requests, _) in enumerate(rows_changing_owner(engine))]
             (g0, own0), e0, s0 = steps[0], others["E"][0], others["S"][0]
             where = f"round {round_} {mode}"
             print(f"PROBE {where}: step 0 ran {g0.runtime_mode} at {g0.padded_num_tokens}; "
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             graph.close()
         for mode in modes:
             larger = factory.get(mode=mode, fresh=True, **factory.larger_policy())
-            for requests, _ in rows_changing_owner(larger, OWNER_IDS):
+            for requests, _ in rows_changing_owner(larger):
                 larger.step(requests)
             larger.close()
     for mark, where in seen.items():

@@ -23,7 +23,6 @@ INVARIANT = "replay equivalence"
 pytestmark = pytest.mark.requires("execution")
 TWIN_EAGER = "an eager step of a second engine of the same runtime and mode, driven through the same steps"
 LENGTHS = [3, 5, 2, 9, 4, 7, 1, 6]
-OWNER_IDS = 60_000  # the first request id of the rows-changing-owner pool: its prompts follow from it
 
 
 def boundary_counts(runtime, engine, above: int = 0) -> list[int]:
@@ -171,8 +170,8 @@ def test_verify_rows_follow_their_requests(check, engines):
 def _rows_follow_their_requests(check, engines, mode, spec, q):
     steps = "decode" if q == 1 else f"verify (q = {q})"
     graph_engine, twin = engines.for_mode(mode, spec=spec, fresh=True), engines.for_mode(mode, spec=spec)
-    graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, OWNER_IDS, q)]
-    for t, (requests, _) in enumerate(rows_changing_owner(twin, OWNER_IDS, q)):
+    graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, q=q)]
+    for t, (requests, _) in enumerate(rows_changing_owner(twin, q=q)):
         got = graph[t]
         expected = twin.eager_step(requests, got.padded_num_tokens)
         if same_bits(got.logits, expected.logits):
@@ -188,7 +187,7 @@ def _which_side_moved(fresh, graph, t, q, twin_step) -> str:
     """After a mismatch at step t: the same steps, eager, on a third engine that has served nothing
     else. Agreeing with the graph engine (fresh too) puts the difference in what the shared twin
     served before; agreeing with the twin puts it in the graph step."""
-    for s, (requests, _) in enumerate(rows_changing_owner(fresh, OWNER_IDS, q)):
+    for s, (requests, _) in enumerate(rows_changing_owner(fresh, q=q)):
         opinion = fresh.eager_step(requests, graph[s].padded_num_tokens)
         if s == t:
             break

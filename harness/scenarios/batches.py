@@ -103,7 +103,10 @@ OWNER_ROWS = ((0, 1, 2), (0, 1, 2), (2, 1, 0), (1, 2, 0), (3, 2, 0), (3, 4, 5), 
               (0, 4, 3), (4, 0, 3), (1, 2, 5))
 
 
-def rows_changing_owner(engine, first_id: int, q: int = 1):
+OWNER_FIRST_ID = 60_000  # the first request id of the rows-changing-owner pool: its prompts follow from it
+
+
+def rows_changing_owner(engine, first_id: int = OWNER_FIRST_ID, q: int = 1):
     """Prefill the OWNER_POOL requests (ids from first_id) on `engine`, then yield the OWNER_ROWS
     decode (q = 1) or verify (q > 1) batches one at a time, each with its requests' tokens before
     the step ({id: tokens}). The caller runs each step before asking for the next; the requests
