@@ -185,8 +185,8 @@ def _rows_follow_their_requests(check, engines, mode, spec, q):
 
 def _which_side_moved(fresh, graph, t, q, twin_step) -> str:
     """After a mismatch at step t: the same steps, eager, on a third engine that has served nothing
-    else. Agreeing with the graph engine (fresh too) puts the difference in what the shared twin
-    served before; agreeing with the twin puts it in the graph step."""
+    else. Agreeing with the graph engine (fresh too) puts the difference on the shared twin's side
+    (what it served before, or the process it ran in); agreeing with the twin puts it in the graph step."""
     for s, (requests, _) in enumerate(rows_changing_owner(fresh, q=q)):
         opinion = fresh.eager_step(requests, graph[s].padded_num_tokens)
         if s == t:
@@ -194,7 +194,7 @@ def _which_side_moved(fresh, graph, t, q, twin_step) -> str:
     with_graph, with_twin = same_bits(opinion.logits, graph[t].logits), same_bits(opinion.logits, twin_step.logits)
     if with_graph:
         return ("its eager step equals the graph step, so the shared twin's eager step moved: what that engine "
-                "served before changed its result (its history, not the graph)")
+                "served before, or the state of the process it ran in, changed its result; not the graph")
     if with_twin:
         return "its eager step equals the shared twin's: the graph step is what differs"
     return (f"its eager step equals neither (largest difference {largest_difference(opinion.logits, graph[t].logits)} "

@@ -32,7 +32,7 @@ MUST_CATCH = {
     # Served first, the boundary test gives the shared engine its history; the rows test says so.
     "EagerDriftsWithHistory": (
         [BOUNDARY, "test_replay_equivalence.py::test_decode_rows_follow_their_requests[{name}-FULL_AND_PIECEWISE]"],
-        "what that engine served before changed its result"),
+        "the shared twin's eager step moved"),
     "KeptRowsUpdateOneTokenARow": (
         ["test_replay_equivalence.py::test_verify_rows_follow_their_requests[{name}]"], "verify (q = 2) step"),
     "RowsKeepTheirTablesOnEveryPath": (
