@@ -250,7 +250,7 @@ def pytest_collection_finish(session):
     if c.graph_backend == "cuda" and any("anchor" in getattr(item, "fixturenames", ()) for item in session.items):
         from harness.expectations import anchor
 
-        anchor.preload()
+        anchor.llama_class()
 
 
 def pytest_runtest_setup(item):

@@ -104,6 +104,10 @@ def _reason_by_kind(func) -> str | None:
     return None
 
 
+# The ops _forbidden_reason decides by their arguments; any other op is decided by its kind alone.
+_ARGUMENT_CHECKED = _INDEX_OPS | {aten.lift_fresh.default, aten._to_copy.default, aten.copy_.default}
+
+
 def _forbidden_reason(func, args, kwargs) -> str | None:
     """Why CUDA capture would reject this op (or the emulator could not replay it), else None."""
     if func in _INDEX_OPS:
@@ -127,9 +131,7 @@ class _Op:
 
     def __init__(self, func):
         self.composite = _is_composite(func)
-        # Ops whose capturability depends on their arguments; the rest are decided by kind here.
-        self.checked = (func in _INDEX_OPS or func in (aten.lift_fresh.default, aten._to_copy.default, aten.copy_.default)
-                        or _reason_by_kind(func) is not None)
+        self.checked = func in _ARGUMENT_CHECKED or _reason_by_kind(func) is not None  # may be refused
         self.written = _written_arguments(func)
         self.mutable = func._schema.is_mutable  # in-place and out= ops do work though they allocate nothing
         # A view's outputs share its input's memory: it allocates nothing.
