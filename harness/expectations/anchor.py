@@ -59,18 +59,12 @@ def tolerance(precision: str, preset: str, scale: float) -> Tolerance:
     return Tolerance(MARGIN * math.sqrt(products) * per_product * scale, precision, products, inner, scale)
 
 
-def llama_class():
-    """transformers' Llama, the anchor's model: imported on first use (the harness's plugin asks
-    for it ahead of the tests where that pays, harness/plugin.py)."""
-    from transformers import LlamaForCausalLM
-
-    return LlamaForCausalLM
-
-
 class Anchor:
     def __init__(self, checkpoint: str, device: str = "cpu"):
+        from transformers import LlamaForCausalLM
+
         self.device = device
-        self.model = llama_class().from_pretrained(checkpoint, dtype=torch.float32,
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
                                                       attn_implementation="eager").to(device).eval()
         probe = [1 + (7 * i) % (self.model.config.vocab_size - 1) for i in range(PROBE_TOKENS)]
         self.scale = float(self.logits(probe).abs().max())
