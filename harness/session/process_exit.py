@@ -41,18 +41,21 @@ def pytest_configure(config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session) -> None:
-    global _frozen
     if _open == 1 and gc.isenabled():
-        gc.collect()
-        gc.freeze()
-        _frozen = True
+        _collect_and_freeze()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config) -> None:
-    global _open, _frozen
+    global _open
     _open -= 1
     if _open == 0 and gc.isenabled():
-        gc.collect()
-        gc.freeze()
-        _frozen = True
+        _collect_and_freeze()
+
+
+def _collect_and_freeze() -> None:
+    """One collection, so that no garbage is kept, then what survives out of later collections' way."""
+    global _frozen
+    gc.collect()
+    gc.freeze()
+    _frozen = True
