@@ -241,6 +241,18 @@ def pytest_collection_modifyitems(config, items):
 _UNKNOWN = pytest.StashKey[str]()
 
 
+def pytest_collection_finish(session):
+    """On CUDA, where the harness's memory checks run full garbage collections, transformers (what
+    the anchor's tests import) is imported before the first test: process_exit then freezes it
+    with the rest of what is alive, and the collections do not walk it again and again. Not on the
+    emulator, which runs no such collections: there each xdist worker would import it for nothing."""
+    c = conformance_of(session.config)
+    if c.graph_backend == "cuda" and any("anchor" in getattr(item, "fixturenames", ()) for item in session.items):
+        from harness.expectations import anchor
+
+        anchor.preload()
+
+
 def pytest_runtest_setup(item):
     message = item.stash.get(_UNKNOWN, None)
     if message is not None:

@@ -2,11 +2,13 @@
 
 Runs on the graph emulator everywhere and on CUDA graphs where a GPU is present.
 """
+import gc
 import warnings
 
 import pytest
 import torch
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 from harness.expectations.presets import checkpoint, seeded_model
@@ -260,6 +262,55 @@ def test_capture_order_counts_and_phase():
         r.capture()
     with pytest.raises(CaptureError):
         r.graphs.capture(lambda: None, static_inputs={})
+
+
+@contextmanager
+def _thawing_capture_phase():
+    """A capture phase built to slip past the check below: it stops collection during capture,
+    as it should, but ends with gc.unfreeze(), which thaws every frozen object of the process."""
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def _process_freeze_survives(capture_phase) -> bool:
+    """Whether objects the process froze before `capture_phase` are frozen after it (the
+    collector lists only unfrozen objects)."""
+    frozen_before = vars(pytest)  # frozen with everything else alive when the tests started
+    assert gc.get_freeze_count() > 0 and not any(o is frozen_before for o in gc.get_objects()), \
+        "the harness (harness/session/process_exit.py) freezes what is alive when the tests start"
+    with capture_phase():
+        assert not gc.isenabled(), "no collection may run while graphs are recorded"
+    return not any(o is frozen_before for o in gc.get_objects())
+
+
+def test_a_capture_phase_leaves_the_process_freeze_alone():
+    """The engine freezes the collector's objects during capture only where nothing is frozen: in a
+    process that froze its own (a test session, a server after start-up), gc.unfreeze() would thaw
+    them too, and every later full collection would walk them again."""
+    assert _process_freeze_survives(runner().capture_phase)
+    assert not _process_freeze_survives(_thawing_capture_phase)  # the broken twin is caught
+
+
+def test_a_capture_phase_freezes_a_process_that_froze_nothing_and_restores_the_collector():
+    r = runner()
+    gc.unfreeze()
+    try:
+        with r.capture_phase():
+            assert gc.get_freeze_count() > 0 and not gc.isenabled()
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        gc.disable()  # a process that runs without automatic collection keeps it off
+        with r.capture_phase():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.collect()
+        gc.freeze()  # as the harness left it: what is alive frozen
 
 
 def test_a_swapped_input_buffer_fails_loudly():

@@ -59,6 +59,11 @@ def tolerance(precision: str, preset: str, scale: float) -> Tolerance:
     return Tolerance(MARGIN * math.sqrt(products) * per_product * scale, precision, products, inner, scale)
 
 
+def preload() -> None:
+    """What building an Anchor imports (transformers' Llama), imported ahead of the first one."""
+    from transformers import LlamaForCausalLM  # noqa: F401
+
+
 class Anchor:
     def __init__(self, checkpoint: str, device: str = "cpu"):
         from transformers import LlamaForCausalLM

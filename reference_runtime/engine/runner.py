@@ -191,15 +191,22 @@ class ModelRunner:
         # No collection during capture: a finalizer run mid-capture could free or allocate device
         # memory inside a graph's recording. Freezing and disabling is enough for that; collecting
         # the garbage first (as vLLM does) would only free memory sooner, at a tenth of a second
-        # per capture phase in a process holding torch.
-        gc.freeze()
+        # per capture phase in a process holding torch. gc.unfreeze() thaws every frozen object,
+        # so the engine freezes only a process that has none: one that froze its own (a test
+        # session, a server after start-up) keeps them frozen, and disabling is enough there.
+        owns_freeze = gc.get_freeze_count() == 0
+        if owns_freeze:
+            gc.freeze()
+        was_enabled = gc.isenabled()
         gc.disable()
         try:
             with torch.inference_mode():
                 yield
         finally:
-            gc.enable()
-            gc.unfreeze()
+            if was_enabled:
+                gc.enable()
+            if owns_freeze:
+                gc.unfreeze()
 
     def capture_key(self, mode: CUDAGraphMode, key, graphs) -> list:
         """The graphs of one key, captured with `graphs` after an eager warm-up on a batch of
