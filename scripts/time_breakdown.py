@@ -119,19 +119,43 @@ def outcome(stdout: str) -> str:
     return next((line.strip("= ") for line in reversed(stdout.splitlines()) if OUTCOME.search(line)), "(no summary line)")
 
 
-def timed_run(command: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, Yardstick]:
+def timed_run(command: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, Yardstick, float]:
+    """The command's result, its wall time, the yardstick timed around it, and when it started (time.time())."""
     yardstick = Yardstick()
-    start = time.monotonic()
+    started, start = time.time(), time.monotonic()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall = time.monotonic() - start
     yardstick.close()
-    return result, wall, yardstick
+    return result, wall, yardstick, started
+
+
+def phases(path: Path, start: float, end: float, yardstick: Yardstick) -> str:
+    """The run split at its first test's start and its last test's end, over all its processes
+    (scripts/lib/session_phases.py wrote the events)."""
+    events = defaultdict(list)
+    for line in path.read_text().splitlines() if path.exists() else ():
+        event, _, stamp = line.split()
+        events[event].append(float(stamp))
+    if not events["test-start"]:
+        return "phases: no test started"
+    first, last = min(events["test-start"]), max(events["test-end"], default=end)
+    configured = min(events["configured"], default=start) - start
+    collected = max(events["collected"], default=first) - start
+    return (f"before the first test {yardstick.both(first - start)} (pytest configured at {configured:.1f} s, "
+            f"the last process collected at {collected:.1f} s); from the first test's start to the last's end "
+            f"{yardstick.both(last - first)}; after the last test {yardstick.both(end - last)}")
 
 
 def durations(args: list[str]) -> None:
     command = [sys.executable, "-m", "pytest", *args, "-q", "-rfE", "-p", "no:cacheprovider", "--durations=0",
-               "--durations-min=0"]
-    result, wall, yardstick = timed_run(command)
+               "--durations-min=0", "-p", "session_phases"]
+    with tempfile.TemporaryDirectory() as tmp:
+        events = Path(tmp) / "phases"
+        env = {"SESSION_PHASES_FILE": str(events),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts" / "lib"), os.environ.get("PYTHONPATH")]))}
+        result, wall, yardstick, started = timed_run(command, env)
+        split = phases(events, started, started + wall, yardstick)
+    command = command[:-2]  # the plugin is this script's, not part of the command it times
     per_file, tests = defaultdict(float), defaultdict(float)
     for line in result.stdout.splitlines():
         if match := DURATION.match(line):
@@ -144,7 +168,7 @@ def durations(args: list[str]) -> None:
         sys.exit(f"no test durations in the output (pytest exit {result.returncode})")
     total = sum(tests.values())
     print(f"wall {yardstick.both(wall)}; summed test time {yardstick.both(total)} "
-          f"(setup + call + teardown of {len(tests)} tests)\n{yardstick.describe()}\n")
+          f"(setup + call + teardown of {len(tests)} tests)\n{split}\n{yardstick.describe()}\n")
     for line in result.stdout.splitlines():
         if line.startswith(("FAILED ", "ERROR ")):
             print(f"  {line}")
@@ -165,7 +189,7 @@ def profile(args: list[str]) -> None:
         # --no-supervisor: the session runs in this process, not in a child the profiler never sees.
         command = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "pytest", *args, "-q", "-p", "no:xdist",
                    "-p", "no:cacheprovider", "--no-supervisor"]
-        result, wall, yardstick = timed_run(command)
+        result, wall, yardstick, _ = timed_run(command)
         if not out.exists():
             print(result.stdout[-3000:] + result.stderr[-3000:])
             sys.exit(f"the profiled run left no profile (pytest exit {result.returncode})")
@@ -203,7 +227,7 @@ def targets(runs: int, out: Path | None) -> None:
     for run in range(1, runs + 1):
         for name, title, args, env, target in TARGETS:
             command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
-            result, wall, yardstick = timed_run(command, env)
+            result, wall, yardstick, _ = timed_run(command, env)
             loop_times = yardstick.times(wall)
             ok = result.returncode == 0 and loop_times <= target
             met[name] += ok
