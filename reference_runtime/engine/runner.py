@@ -189,14 +189,9 @@ class ModelRunner:
     @contextmanager
     def capture_phase(self):
         # No collection during capture: a finalizer run mid-capture could free or allocate device
-        # memory inside a graph's recording. Freezing and disabling is enough for that; collecting
-        # the garbage first (as vLLM does) would only free memory sooner, at a tenth of a second
-        # per capture phase in a process holding torch. gc.unfreeze() thaws every frozen object,
-        # so the engine freezes only a process that has none: one that froze its own (a test
-        # session, a server after start-up) keeps them frozen, and disabling is enough there.
-        owns_freeze = gc.get_freeze_count() == 0
-        if owns_freeze:
-            gc.freeze()
+        # memory inside a graph's recording. Disabling the collector is enough for that. Not
+        # gc.freeze()/gc.unfreeze() around it (vLLM's way): unfreeze thaws every frozen object of
+        # the process, also those its host froze (a test session, a server after start-up).
         was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -205,8 +200,6 @@ class ModelRunner:
         finally:
             if was_enabled:
                 gc.enable()
-            if owns_freeze:
-                gc.unfreeze()
 
     def capture_key(self, mode: CUDAGraphMode, key, graphs) -> list:
         """The graphs of one key, captured with `graphs` after an eager warm-up on a batch of
