@@ -13,7 +13,8 @@ in loop-times travels between machines, and between quiet and busy phases of a s
 seconds do not. Every figure is printed in both.
 
 Without --profile: the run's wall time, the summed time of its tests (with N workers the wall
-time is about that over N, plus start-up and collection), the time per file and the slowest tests,
+time is about that over N, plus start-up and collection), the run split at its first test's start
+and its last test's end (scripts/lib/session_phases.py), the time per file and the slowest tests,
 from pytest's --durations. With --profile the run is serial and ~1.5x slower: seconds spent in each
 named cost below. The costs nest (captures are part of engine builds, and both happen inside the
 in-process sessions of the self-tests), so they do not add up; subprocesses are timed as a whole.

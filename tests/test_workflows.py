@@ -127,8 +127,9 @@ def test_ci_fails_when_no_test_runs(tmp_path):
 
 
 def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
-    """scripts/time_breakdown.py: wall time, summed test time, per-file and slowest tests, each also
-    in loop-times (the yardstick loop, timed before and after the run)."""
+    """scripts/time_breakdown.py: wall time, summed test time, the time before the first test and
+    after the last, per-file and slowest tests, each also in loop-times (the yardstick loop, timed
+    before and after the run)."""
     (tmp_path / "test_two.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.2)\n\n"
                                           "def test_fast():\n    pass\n")
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--loop-additions", "2000000",
@@ -138,8 +139,11 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     lines = result.stdout.splitlines()
     assert re.match(r"2 passed in ", lines[1])
     assert re.match(r"wall \d+\.\d s \(\d+\.\d loop-times\); summed test time 0\.[2-9] s \(\d\.\d loop-times\)", lines[2])
-    loop = re.match(r"the loop of 20,000,000 additions \(scaled from 2,000,000\) took (\d+\.\d+) s before the run and (\d+\.\d+) s after it", lines[3])
-    assert loop and float(loop[1]) > 0 and float(loop[2]) > 0, lines[3]
+    # The run split where its tests start and end (scripts/lib/session_phases.py): the slow test is in the middle.
+    assert re.match(r"before the first test \d+\.\d s \(.*\); from the first test's start to the last's end "
+                    r"0\.[2-9] s \(\d\.\d loop-times\); after the last test \d+\.\d s", lines[3]), lines[3]
+    loop = re.match(r"the loop of 20,000,000 additions \(scaled from 2,000,000\) took (\d+\.\d+) s before the run and (\d+\.\d+) s after it", lines[4])
+    assert loop and float(loop[1]) > 0 and float(loop[2]) > 0, lines[4]
     assert "test_two.py::test_slow" in lines[lines.index("slowest tests:") + 1]
     unusable = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--profile", "-n", "2"],
                               capture_output=True, text=True, timeout=60)
