@@ -16,11 +16,14 @@ fi
 mkdir -p "$1"
 out=$(cd "$1" && pwd)
 cd "$(dirname "$0")/.."
+source scripts/lib/bytecode_cache.sh
 status=0
 
 # One-time work of a machine's first run, before anything is timed (scripts/nightly_gpu.sh says why).
 timeout 240 python -c "from harness.expectations.presets import checkpoint; [checkpoint(p) for p in ('tiny', 'small')]
 import matplotlib.font_manager" > "$out/warm-up.log" 2>&1 || status=1
+timeout 120 python -m pytest suites/ --graph-backend cuda -p no:cacheprovider --collect-only -q >> "$out/warm-up.log" 2>&1 \
+    || status=1
 
 timeout 150 python scripts/time_breakdown.py suites/ --graph-backend cuda -p no:xdist --benchmark-skip \
     --report-dir "$out/suites" > "$out/suites.log" 2>&1 || status=1

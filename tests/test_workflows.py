@@ -1,5 +1,6 @@
 """A linter for the CI workflow files and the scripts they call (no network: actionlint is not
 installable here, so the rules that matter are checked directly)."""
+import os
 import re
 import shutil
 import sys
@@ -191,3 +192,27 @@ def test_the_policy_comparison_loads_its_engines(tmp_path):
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert bad.returncode == 2 and "--engine no_such_module:make: module 'no_such_module' failed to import" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("dont_write", ["1", None])
+def test_the_gpu_scripts_keep_compiled_bytecode_where_the_machine_would_not(tmp_path, dont_write):
+    """scripts/lib/bytecode_cache.sh: where PYTHONDONTWRITEBYTECODE is set, Python writes its
+    bytecode under a cache of the scripts' own (and reads it back in the next process); where it
+    is not, Python's own behaviour is left alone."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "XDG_CACHE_HOME")}
+    env["HOME"] = str(tmp_path)
+    if dont_write:
+        env["PYTHONDONTWRITEBYTECODE"] = dont_write
+    (tmp_path / "probe_module.py").write_text("VALUE = 1\n")
+    show = "import sys, probe_module; print(sys.flags.dont_write_bytecode, sys.pycache_prefix)"
+    result = subprocess.run(["bash", "-c", f"source scripts/lib/bytecode_cache.sh && cd {tmp_path} && "
+                             f"{sys.executable} -c '{show}'"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    cache = tmp_path / ".cache" / "cudagraph-conformance" / "pycache"
+    if dont_write:
+        assert result.stdout.split() == ["0", str(cache)]
+        assert list(cache.rglob("probe_module.*.pyc")), "the imported module's bytecode is in the cache"
+    else:
+        assert result.stdout.split() == ["0", "None"]
+        assert not cache.exists()
