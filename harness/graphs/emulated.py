@@ -84,7 +84,6 @@ def _leaves(tree) -> list:
     return [tree]
 
 
-@functools.lru_cache(maxsize=None)
 def _is_composite(func) -> bool:
     """Whether the op has a CompositeImplicitAutograd decomposition (what func.decompose runs)."""
     key = torch._C.DispatchKey.CompositeImplicitAutograd
@@ -150,7 +149,6 @@ def _op(func) -> _Op:
     return op
 
 
-@functools.lru_cache(maxsize=None)
 def _written_arguments(func) -> tuple[tuple[int, str], ...]:
     """(position, name) of each argument the op writes into (in-place and out=); none for a functional op."""
     if not func._schema.is_mutable:
@@ -159,10 +157,10 @@ def _written_arguments(func) -> tuple[tuple[int, str], ...]:
                  if argument.alias_info is not None and argument.alias_info.is_write)
 
 
-def _written(func, args, kwargs) -> list[torch.Tensor]:
-    """The tensors an op writes into (in-place and out= arguments)."""
+def _written(arguments: tuple[tuple[int, str], ...], args, kwargs) -> list[torch.Tensor]:
+    """The tensors an op writes into: its `arguments` (_written_arguments) as passed in this call."""
     written = []
-    for index, name in _written_arguments(func):
+    for index, name in arguments:
         value = args[index] if index < len(args) else kwargs.get(name)
         written += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
     return written
@@ -215,7 +213,7 @@ class _RecordingMode(modes.HarnessMode):
                 return decomposed
         if op.checked and (reason := _forbidden_reason(func, args, kwargs)):
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
-        for tensor in _written(func, args, kwargs) if op.written else ():
+        for tensor in _written(op.written, args, kwargs):
             storage = tensor.untyped_storage()
             key = storage.data_ptr()
             if key not in self.allocated and key not in self.saved and storage.nbytes():
