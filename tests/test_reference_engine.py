@@ -293,7 +293,11 @@ def test_a_capture_phase_leaves_the_process_freeze_alone():
     process that froze its own (a test session, a server after start-up) would have them thawed by
     gc.unfreeze(), and every later full collection would walk them again."""
     assert _process_freeze_survives(runner().capture_phase)
-    assert not _process_freeze_survives(_thawing_capture_phase)  # the broken twin is caught
+    try:
+        assert not _process_freeze_survives(_thawing_capture_phase)  # the broken twin is caught
+    finally:
+        gc.collect()
+        gc.freeze()  # what the twin thawed, frozen again for the rest of this process's tests
 
 
 def test_a_capture_phase_leaves_the_collector_as_it_found_it():
