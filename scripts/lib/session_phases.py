@@ -3,8 +3,8 @@
 Loaded with `-p session_phases` (this folder on PYTHONPATH) and SESSION_PHASES_FILE set, every
 process of the run (the pytest process, a supervised child, each xdist worker) appends
 `EVENT PID TIME` lines to that file, TIME from time.time(): pytest configured, collection finished,
-each test's start and end, the session finished, pytest unconfigured. The parent then splits the run into what came before the
-first test, the tests, and what came after the last.
+each test's start and end, the session finished, pytest unconfigured. The parent then splits the
+run into what came before the first test, the tests, and what came after the last.
 """
 from __future__ import annotations
 
