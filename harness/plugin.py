@@ -7,6 +7,7 @@ config's stash) and the plugins registered with pytest's plugin manager,
 """
 from __future__ import annotations
 
+import os
 import random
 import shlex
 from collections import Counter
@@ -92,6 +93,7 @@ class Conformance:
         self.hypothesis_profile = _load_hypothesis_profile(config)
         self.hypothesis_seed = config.getoption("hypothesis_seed", None)
         self.reproduce_command = config.getini("reproduce_command")
+        self.anchor = None  # the anchor's helper process, where one was started (pytest_collection_finish)
 
     def reproduce(self, nodeid: str, hypothesis: bool = False) -> str:
         command = f"{self.reproduce_command} {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
@@ -242,18 +244,25 @@ _UNKNOWN = pytest.StashKey[str]()
 
 
 def pytest_collection_finish(session):
-    """On CUDA, where the harness's memory checks run full garbage collections, transformers (what
-    the anchor's tests import) is imported before the first test: process_exit then freezes it
-    with the rest of what is alive, and the collections do not walk it again and again. Not on the
-    emulator, which runs no such collections: there each xdist worker would import it for nothing."""
+    """Where this process will run the anchor's tests and the machine has a core to spare, the
+    anchor starts now in a helper process (harness.expectations.anchor.AnchorProcess): its
+    transformers import and model load overlap the first tests instead of delaying one of them.
+    Not in an xdist worker (the anchor's file goes whole to one worker, and the others' cores are
+    busy) nor in a session run inside a test (pytester's)."""
     c = conformance_of(session.config)
-    if c.graph_backend == "cuda" and runs_the_anchor(session.items):
-        from harness.expectations import anchor
+    if (c.graph_backend is not None and runs_the_anchor(session.items) and machine.cores() > 1
+            and not hasattr(session.config, "workerinput") and "PYTEST_CURRENT_TEST" not in os.environ):
+        from harness.expectations.anchor import AnchorProcess
 
-        try:
-            anchor.preload()
-        except Exception:  # noqa: BLE001 - the anchor's own tests import it again and report what is wrong
-            pass
+        c.anchor = AnchorProcess(session.config.getoption("preset"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    c = session.config.stash.get(CONFORMANCE, None)
+    if c is not None and c.anchor is not None:
+        c.anchor.close()
+        c.anchor = None
 
 
 def runs_the_anchor(items) -> bool:
@@ -350,7 +359,8 @@ def graph_backend(pytestconfig):
 def engine_factory(runtime, graph_backend, pytestconfig):
     from harness.runtime.observe import EngineFactory
 
-    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"))
+    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"),
+                            anchor=conformance_of(pytestconfig).anchor)
     yield factory
     factory.close()
 

@@ -11,6 +11,7 @@ emulated TF32, bfloat16 and float16 forwards (reports/precision/).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,9 @@ UNIT_ROUNDOFF = {"ieee": 2.0 ** -24, "tf32": 2.0 ** -11, "bfloat16": 2.0 ** -8, 
 # extreme of the ~10^5 logits a test compares; 4 leaves room for correlated layers.
 MARGIN = 4.0
 PROBE_TOKENS = 64  # the anchor's own scale: the largest |logit| over a fixed sequence this long
+# The helper process's first answer waits for its transformers import and model load (tens of
+# seconds on a cold machine); a later one takes milliseconds.
+ANSWER_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -59,26 +63,13 @@ def tolerance(precision: str, preset: str, scale: float) -> Tolerance:
     return Tolerance(MARGIN * math.sqrt(products) * per_product * scale, precision, products, inner, scale)
 
 
-def preload() -> None:
-    """What building an Anchor imports (transformers' Llama), imported ahead of the first one."""
-    from transformers import LlamaForCausalLM  # noqa: F401
+class _Rows:
+    """What an anchor answers from its logits (`logits`, `scale`): a step's expected rows, a tolerance."""
 
+    scale: float
 
-class Anchor:
-    def __init__(self, checkpoint: str, device: str = "cpu"):
-        from transformers import LlamaForCausalLM
-
-        self.device = device
-        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
-                                                      attn_implementation="eager").to(device).eval()
-        probe = [1 + (7 * i) % (self.model.config.vocab_size - 1) for i in range(PROBE_TOKENS)]
-        self.scale = float(self.logits(probe).abs().max())
-
-    @torch.inference_mode()
     def logits(self, sequence: list[int]) -> torch.Tensor:
-        """[len(sequence), vocab] fp32 logits on the CPU: row i predicts the token after position i."""
-        ids = torch.tensor([sequence], device=self.device)
-        return self.model(input_ids=ids).logits[0].float().cpu()
+        raise NotImplementedError
 
     def tolerance(self, precision: str, preset: str) -> Tolerance:
         return tolerance(precision, preset, self.scale)
@@ -94,6 +85,114 @@ class Anchor:
                                  f"{len(before)}")
             rows.append(self.logits(before + list(r.token_ids))[r.context_len:])
         return torch.cat(rows)
+
+
+class Anchor(_Rows):
+    def __init__(self, checkpoint: str, device: str = "cpu"):
+        from transformers import LlamaForCausalLM
+
+        self.device = device
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
+                                                      attn_implementation="eager").to(device).eval()
+        probe = [1 + (7 * i) % (self.model.config.vocab_size - 1) for i in range(PROBE_TOKENS)]
+        self.scale = float(self.logits(probe).abs().max())
+
+    @torch.inference_mode()
+    def logits(self, sequence: list[int]) -> torch.Tensor:
+        """[len(sequence), vocab] fp32 logits on the CPU: row i predicts the token after position i."""
+        ids = torch.tensor([sequence], device=self.device)
+        return self.model(input_ids=ids).logits[0].float().cpu()
+
+
+class AnchorProcessError(RuntimeError):
+    """The anchor's helper process failed or stopped answering."""
+
+
+class AnchorProcess(_Rows):
+    """The Anchor in a helper process of its own, on the CPU with one thread, for preset `preset`.
+
+    Started when the tests start (harness.plugin), it imports transformers and loads the model
+    while the first tests run: the pytest process computes on one core, and this uses another.
+    Answers come back as raw float32 bytes, the same values the Anchor computes there. A fresh
+    interpreter (not multiprocessing's spawn, which would run the parent's main script again),
+    with the parent's import path."""
+
+    def __init__(self, preset: str, timeout: float = ANSWER_TIMEOUT_S):
+        import multiprocessing
+        import subprocess
+        import sys
+
+        from harness.reliability.processes import harness_owned
+
+        self.preset, self.timeout, self._scale = preset, timeout, None
+        self._connection, child = multiprocessing.Pipe()
+        command = [sys.executable, "-c", "import sys; from harness.expectations.anchor import _serve; "
+                   "_serve(sys.argv[1], int(sys.argv[2]))", preset, str(child.fileno())]
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        with harness_owned("the numerical anchor's helper process"):
+            self._process = subprocess.Popen(command, pass_fds=[child.fileno()], env=environment,
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL)
+        child.close()
+
+    @property
+    def scale(self) -> float:
+        if self._scale is None:
+            self._scale = self._ask("scale")
+        return self._scale
+
+    def logits(self, sequence: list[int]) -> torch.Tensor:
+        shape, data = self._ask("logits", list(sequence))
+        return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
+
+    def _ask(self, *request):
+        try:
+            self._connection.send(request)
+            if not self._connection.poll(self.timeout):
+                raise TimeoutError(f"no answer within {self.timeout:g} s")
+            status, value = self._connection.recv()
+        except (OSError, EOFError, TimeoutError) as exc:
+            raise AnchorProcessError(
+                f"the numerical anchor's helper process (transformers' forward on the CPU, started with the "
+                f"tests) did not answer {request[0]!r}: {type(exc).__name__}: {exc or 'its end of the pipe closed'}; "
+                f"its exit status: {self._process.poll()}") from None
+        if status != "ok":
+            raise AnchorProcessError(f"the numerical anchor's helper process failed: {value}")
+        return value
+
+    def close(self) -> None:
+        """Ended at once: it keeps nothing to write, and shutting down its interpreter would take longer."""
+        self._process.kill()
+        self._process.wait(timeout=5)
+        self._connection.close()
+
+
+def _serve(preset: str, fd: int) -> None:
+    """The helper process: an Anchor over the preset's checkpoint, answering on `fd` until it is ended."""
+    from multiprocessing.connection import Connection
+
+    connection = Connection(fd)
+    torch.set_num_threads(1)  # one spare core, not every core the tests' process computes on
+    try:
+        anchor, failure = Anchor(str(presets.checkpoint(preset))), None
+    except Exception as exc:  # noqa: BLE001 - said in answer to every request, which fails the anchor's tests
+        anchor, failure = None, f"building transformers' model failed: {type(exc).__name__}: {exc}"
+    while True:
+        try:
+            kind, *arguments = connection.recv()
+        except EOFError:  # the tests' process ended
+            return
+        try:
+            if anchor is None:
+                raise RuntimeError(failure)
+            if kind == "scale":
+                answer = anchor.scale
+            else:
+                rows = anchor.logits(*arguments).contiguous()
+                answer = (tuple(rows.shape), rows.numpy().tobytes())
+            connection.send(("ok", answer))
+        except Exception as exc:  # noqa: BLE001 - sent back, where the asking test reports it
+            connection.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:

@@ -238,7 +238,7 @@ class EngineFactory:
 
     def __init__(self, runtime, graph_backend: str, preset: str = "tiny", dtype: str | None = None,
                  max_num_seqs: int = 8, max_num_batched_tokens: int = 64, max_model_len: int = 128,
-                 kv_tokens: int | None = 1024):
+                 kv_tokens: int | None = 1024, anchor=None):
         self.runtime = runtime
         self.graph_backend = graph_backend
         # A runtime that computes in a dtype whatever it is asked (Capabilities.precision) is built in it.
@@ -254,6 +254,7 @@ class EngineFactory:
         self._check: Check | None = None
         self._larger: dict | None = None
         self._anchor = None
+        self._started_anchor = anchor  # the session's anchor in a helper process, where one was started
 
     def bind(self, check: Check | None) -> None:
         self._check = check
@@ -278,7 +279,10 @@ class EngineFactory:
         """transformers' forward over this factory's checkpoint (harness.expectations.anchor), made
         once a session: pytest may leave the anchor suite and come back to it (it orders tests by
         the session's parameters), and a module's fixture would load the model again each time. Its
-        device memory is the harness's, not a leak of the test that first asked for it."""
+        device memory is the harness's, not a leak of the test that first asked for it. Where the
+        session started one in a helper process (harness.plugin), that one: it holds no memory here."""
+        if self._anchor is None and self._started_anchor is not None:
+            self._anchor = self._started_anchor
         if self._anchor is None:
             from harness.expectations.anchor import Anchor
 

@@ -40,6 +40,11 @@ def share(graph_backend: str, index: int | None) -> None:
         torch.set_num_threads(1)
 
 
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def worker_device(index: int) -> int:
     """The GPU process `index` of a shared machine uses: `index` mod the number of GPUs."""
     import torch

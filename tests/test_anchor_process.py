@@ -1,0 +1,101 @@
+"""The numerical anchor in a helper process (harness.expectations.anchor.AnchorProcess): the same
+logits, scale and step rows as the Anchor in this process, a clear error when the helper fails or
+dies, nothing left running after it; and the plugin starts one only where this process runs the
+anchor's tests and a core is spare."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.expectations import anchor as anchor_module
+from harness.expectations.presets import checkpoint
+from harness.protocol import Request
+from harness.session.machine import cores
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SEQUENCES = [[1, 2, 3], [5] * 17, list(range(1, 40))]
+
+
+@pytest.fixture(scope="module")
+def helper():
+    process = anchor_module.AnchorProcess("tiny")
+    yield process
+    process.close()
+
+
+def test_the_helper_answers_as_the_anchor_in_this_process(helper):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the helper computes: the same sums in the same order
+    try:
+        here = anchor_module.Anchor(str(checkpoint("tiny")))
+        for sequence in SEQUENCES:
+            assert torch.equal(helper.logits(sequence), here.logits(sequence)), sequence
+        assert helper.scale == here.scale
+        requests = [Request(request_id=7, token_ids=(4, 5), context_len=3)]
+        assert torch.equal(helper.step(requests, {7: [1, 2, 3]}), here.step(requests, {7: [1, 2, 3]}))
+        assert helper.tolerance("ieee", "tiny") == here.tolerance("ieee", "tiny")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_failed_request_is_reported_and_the_helper_keeps_answering(helper):
+    with pytest.raises(anchor_module.AnchorProcessError, match="helper process failed: .*Error"):
+        helper.logits([10 ** 9])  # past the vocabulary
+    assert helper.logits([1, 2]).shape[0] == 2
+
+
+def test_a_helper_that_died_is_a_clear_error_and_close_leaves_nothing_running():
+    process = anchor_module.AnchorProcess("tiny", timeout=60)
+    process._process.kill()
+    process._process.wait(timeout=10)
+    with pytest.raises(anchor_module.AnchorProcessError, match="did not answer .logits.*exit status: -9"):
+        process.logits([1, 2, 3])
+    process.close()
+    assert process._process.poll() is not None
+
+    process = anchor_module.AnchorProcess("tiny", timeout=60)
+    pid = process._process.pid
+    process.close()
+    assert process._process.poll() is not None and not os.path.exists(f"/proc/{pid}")  # ended and reaped
+
+
+PROBE = '''
+import json, os, sys
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    from harness.plugin import conformance_of
+    anchor = conformance_of(session.config).anchor
+    with open(os.environ["ANCHOR_PROBE_OUT"], "w") as out:
+        json.dump({"anchor": type(anchor).__name__, "pid": getattr(getattr(anchor, "_process", None), "pid", None),
+                   "transformers_here": "transformers" in sys.modules}, out)
+'''
+
+
+def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(tmp_path):
+    """A run from the command line, in one process, on a machine with a core to spare: the anchor's
+    tests pass against the helper process, transformers never loads in the tests' process, and the
+    helper is gone when the run ends. (An xdist worker, or a session inside a test, keeps the
+    anchor in its own process: the rest of the self-tests run it that way.)"""
+    if cores() < 2:
+        pytest.skip("one core: the plugin starts no helper")
+    (tmp_path / "anchor_probe.py").write_text(PROBE)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
+    environment.update(ANCHOR_PROBE_OUT=str(tmp_path / "probe.json"),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), environment.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-m", "pytest", "suites/test_numerical_anchor.py", "--runtime", "reference",
+                             "-k", "test_every_step_matches_transformers and NONE", "-p", "no:xdist", "-q",
+                             "-p", "no:cacheprovider", "-p", "anchor_probe"],
+                            cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["anchor"] == "AnchorProcess" and not probe["transformers_here"], probe
+    assert not os.path.exists(f"/proc/{probe['pid']}"), "the helper outlived the run"
