@@ -7,7 +7,6 @@ config's stash) and the plugins registered with pytest's plugin manager,
 """
 from __future__ import annotations
 
-import os
 import random
 import shlex
 from collections import Counter
@@ -20,7 +19,7 @@ from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import registry
-from harness.session import device_share, header, known_failures, machine, process_exit, scheduling
+from harness.session import anchor_helper, device_share, header, known_failures, machine, process_exit, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
@@ -93,7 +92,7 @@ class Conformance:
         self.hypothesis_profile = _load_hypothesis_profile(config)
         self.hypothesis_seed = config.getoption("hypothesis_seed", None)
         self.reproduce_command = config.getini("reproduce_command")
-        self.anchor = None  # the anchor's helper process, where one was started (pytest_collection_finish)
+        self.anchor = None  # the anchor's helper process, where one was started (harness.session.anchor_helper)
 
     def reproduce(self, nodeid: str, hypothesis: bool = False) -> str:
         command = f"{self.reproduce_command} {shlex.quote(nodeid)} --runtime {shlex.quote(self.runtime_option)}"
@@ -139,6 +138,7 @@ def pytest_configure(config):
     conformance = Conformance(config, runtime, option)
     config.stash[CONFORMANCE] = conformance
     config.pluginmanager.register(scheduling, "cudagraph-conformance-scheduling")
+    config.pluginmanager.register(anchor_helper, "cudagraph-conformance-anchor-helper")
     config.addinivalue_line("markers", device_share.MARKER_HELP)
     share = device_share.for_worker(config, conformance.graph_backend)
     if share is not None:
@@ -241,34 +241,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 _UNKNOWN = pytest.StashKey[str]()
-
-
-def pytest_collection_finish(session):
-    """Where this process will run the anchor's tests and the machine has a core to spare, the
-    anchor starts now in a helper process (harness.expectations.anchor.AnchorProcess): its
-    transformers import and model load overlap the first tests instead of delaying one of them.
-    Not in an xdist worker (the anchor's file goes whole to one worker, and the others' cores are
-    busy) nor in a session run inside a test (pytester's)."""
-    c = conformance_of(session.config)
-    if (c.graph_backend is not None and runs_the_anchor(session.items) and machine.cores() > 1
-            and not hasattr(session.config, "workerinput") and "PYTEST_CURRENT_TEST" not in os.environ):
-        from harness.expectations.anchor import AnchorProcess
-
-        c.anchor = AnchorProcess(session.config.getoption("preset"))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session):
-    c = session.config.stash.get(CONFORMANCE, None)
-    if c is not None and c.anchor is not None:
-        c.anchor.close()
-        c.anchor = None
-
-
-def runs_the_anchor(items) -> bool:
-    """Whether a test among `items` that is not skipped outright uses the anchor."""
-    return any("anchor" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
-               for item in items)
 
 
 def pytest_runtest_setup(item):

@@ -1,7 +1,7 @@
 """The numerical anchor in a helper process (harness.expectations.anchor.AnchorProcess): the same
 logits, scale and step rows as the Anchor in this process, a clear error when the helper fails or
-dies, nothing left running after it; and the plugin starts one only where this process runs the
-anchor's tests and a core is spare."""
+dies, nothing left running after it; and the harness starts one (harness.session.anchor_helper)
+only where this process runs the anchor's tests and a core is spare."""
 from __future__ import annotations
 
 import json
@@ -82,8 +82,8 @@ def pytest_sessionfinish(session):
 
 def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(tmp_path):
     """A run from the command line, in one process, on a machine with a core to spare: the anchor's
-    tests pass against the helper process, transformers never loads in the tests' process, and the
-    helper is gone when the run ends. (An xdist worker, or a session inside a test, keeps the
+    tests run last and pass against the helper process, transformers never loads in the tests'
+    process, and the helper is gone when the run ends. (An xdist worker, or a session inside a test, keeps the
     anchor in its own process: the rest of the self-tests run it that way.)"""
     if cores() < 2:
         pytest.skip("one core: the plugin starts no helper")
@@ -91,11 +91,30 @@ def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(tmp_p
     environment = {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
     environment.update(ANCHOR_PROBE_OUT=str(tmp_path / "probe.json"),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), environment.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "pytest", "suites/test_numerical_anchor.py", "--runtime", "reference",
-                             "-k", "test_every_step_matches_transformers and NONE", "-p", "no:xdist", "-q",
+    result = subprocess.run([sys.executable, "-m", "pytest", "suites/test_numerical_anchor.py", "suites/test_dispatch.py",
+                             "--runtime", "reference", "-k", "(test_every_step_matches_transformers and NONE) or "
+                             "test_runtime_mode_is_one_the_config_mode_can_run", "-p", "no:xdist", "-v",
                              "-p", "no:cacheprovider", "-p", "anchor_probe"],
                             cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    ran = [line.split("::")[0] for line in result.stdout.splitlines() if " PASSED" in line]
+    assert ran == ["suites/test_dispatch.py", "suites/test_numerical_anchor.py"], ran  # the anchor's tests last
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["anchor"] == "AnchorProcess" and not probe["transformers_here"], probe
     assert not os.path.exists(f"/proc/{probe['pid']}"), "the helper outlived the run"
+
+
+def test_the_helper_starts_only_for_anchor_tests_that_will_run():
+    """harness.session.anchor_helper.runs_the_anchor: a test that uses the anchor and is not skipped
+    outright, not one the runtime's missing capabilities skip, nor a test without the anchor."""
+    from types import SimpleNamespace
+
+    from harness.session.anchor_helper import runs_the_anchor
+
+    def item(fixtures, skipped=False):
+        return SimpleNamespace(fixturenames=fixtures,
+                               get_closest_marker=lambda name: object() if skipped and name == "skip" else None)
+
+    assert runs_the_anchor([item(["engines"]), item(["engines", "anchor"])])
+    assert not runs_the_anchor([item(["engines"]), item(["engines", "anchor"], skipped=True)])
+    assert not runs_the_anchor([])

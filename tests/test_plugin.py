@@ -684,20 +684,3 @@ def test_a_failure_is_covered_by_any_matching_entry_whose_bounds_describe_it(pyt
     result = pytester.runpytest("--runtime", "myname", "--known-failures", str(path), "-rx")
     result.assert_outcomes(failed=1, xfailed=2)  # test_other raises KeyError: neither entry's bounds cover it
     result.stdout.fnmatch_lines(["*XFAIL*b-FULL*the whole file is broken*"])
-
-
-def test_the_anchor_is_imported_ahead_only_for_anchor_tests_that_will_run():
-    """harness.plugin.runs_the_anchor decides whether transformers is imported before the freeze
-    (on CUDA): a test that uses the anchor and is not skipped outright, not one the runtime's
-    missing capabilities skip, nor a test without the anchor."""
-    from types import SimpleNamespace
-
-    from harness.plugin import runs_the_anchor
-
-    def item(fixtures, skipped=False):
-        return SimpleNamespace(fixturenames=fixtures,
-                               get_closest_marker=lambda name: object() if skipped and name == "skip" else None)
-
-    assert runs_the_anchor([item(["engines"]), item(["engines", "anchor"])])
-    assert not runs_the_anchor([item(["engines"]), item(["engines", "anchor"], skipped=True)])
-    assert not runs_the_anchor([])
