@@ -118,3 +118,13 @@ def test_the_helper_starts_only_for_anchor_tests_that_will_run():
     assert runs_the_anchor([item(["engines"]), item(["engines", "anchor"])])
     assert not runs_the_anchor([item(["engines"]), item(["engines", "anchor"], skipped=True)])
     assert not runs_the_anchor([])
+
+
+def test_a_helper_that_does_not_answer_in_time_is_ended_and_said_so():
+    process = anchor_module.AnchorProcess("tiny", timeout=0.01)  # still importing transformers
+    with pytest.raises(anchor_module.AnchorProcessError, match="did not answer 'scale': TimeoutError: no answer within"):
+        process.scale
+    assert process._process.returncode is not None  # ended: a late answer can never be taken for the next one
+    with pytest.raises(anchor_module.AnchorProcessError, match="did not answer 'logits'"):
+        process.logits([1])
+    process.close()

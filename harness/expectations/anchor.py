@@ -111,8 +111,8 @@ class AnchorProcessError(RuntimeError):
 class AnchorProcess(_Rows):
     """The Anchor in a helper process of its own, on the CPU with one thread, for preset `preset`.
 
-    Started when the tests start (harness.plugin), it imports transformers and loads the model
-    while the first tests run: the pytest process computes on one core, and this uses another.
+    Started as soon as the tests are known (harness.session.anchor_helper), it imports transformers
+    and loads the model while the other tests run: the pytest process computes on one core, and this uses another.
     Answers come back as raw float32 bytes, the same values the Anchor computes there. A fresh
     interpreter (not multiprocessing's spawn, which would run the parent's main script again),
     with the parent's import path."""
@@ -128,7 +128,9 @@ class AnchorProcess(_Rows):
         self._connection, child = multiprocessing.Pipe()
         command = [sys.executable, "-c", "import sys; from harness.expectations.anchor import _serve; "
                    "_serve(sys.argv[1], int(sys.argv[2]))", preset, str(child.fileno())]
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # The tests' import path; no GPU, so the helper never touches the device the tests measure.
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                       "CUDA_VISIBLE_DEVICES": ""}
         with harness_owned("the numerical anchor's helper process"):
             self._process = subprocess.Popen(command, pass_fds=[child.fileno()], env=environment,
                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -152,10 +154,12 @@ class AnchorProcess(_Rows):
                 raise TimeoutError(f"no answer within {self.timeout:g} s")
             status, value = self._connection.recv()
         except (OSError, EOFError, TimeoutError) as exc:
+            self._process.kill()  # a late answer would be read as the next request's: no later request is asked
+            self._process.wait(timeout=5)
             raise AnchorProcessError(
                 f"the numerical anchor's helper process (transformers' forward on the CPU, started with the "
-                f"tests) did not answer {request[0]!r}: {type(exc).__name__}: {exc or 'its end of the pipe closed'}; "
-                f"its exit status: {self._process.poll()}") from None
+                f"tests) did not answer {request[0]!r}: {type(exc).__name__}: {str(exc) or 'its end of the pipe closed'}; "
+                f"its exit status: {self._process.returncode}") from None
         if status != "ok":
             raise AnchorProcessError(f"the numerical anchor's helper process failed: {value}")
         return value
