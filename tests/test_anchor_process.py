@@ -2,14 +2,11 @@
 logits, scale and step rows as the Anchor in this process, a clear error when the helper fails,
 dies or does not answer, nothing left running after it; and the harness starts one
 (harness.session.anchor_helper) only where this process runs the anchor's tests and a core is
-spare, and runs those tests last. One helper loads transformers here, in a plain run of the
+spare, and runs those tests last. One helper loads transformers here, in a plain session of the
 anchor's suite (a helper costs a process its imports: a few seconds of CPU)."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,70 +21,64 @@ ROOT = Path(__file__).resolve().parent.parent
 SEQUENCE = list(range(1, 40))
 REQUESTS = [Request(request_id=7, token_ids=(4, 5), context_len=3)]
 
-# Loaded into the plain run below: before the helper is ended, what it answers, and whether the
-# tests' own process ever imported transformers.
-PROBE = '''
-import json, os, sys
-import pytest
-import torch
-from tests.test_anchor_process import REQUESTS, SEQUENCE
+class _Probe:
+    """Loaded into the plain run below: what the session's helper answers, before it is ended."""
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session):
-    from harness.plugin import conformance_of
-    anchor = conformance_of(session.config).anchor
-    found = {"anchor": type(anchor).__name__, "pid": getattr(getattr(anchor, "_process", None), "pid", None),
-             "transformers_here": "transformers" in sys.modules}
-    if anchor is not None:
-        out = os.environ["ANCHOR_PROBE_OUT"]
-        torch.save({"logits": anchor.logits(SEQUENCE), "scale": anchor.scale,
-                    "step": anchor.step(REQUESTS, {7: [1, 2, 3]})}, out + ".pt")
-        try:
-            anchor.logits([10 ** 9])
-        except Exception as exc:
-            found["bad_request"] = f"{type(exc).__name__}: {exc}"
-        found["after_it"] = list(anchor.logits([1, 2]).shape)
-    with open(os.environ["ANCHOR_PROBE_OUT"], "w") as out:
-        json.dump(found, out)
-'''
+    def __init__(self):
+        self.found = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session):
+        from harness.plugin import conformance_of
+
+        anchor = conformance_of(session.config).anchor
+        self.found = {"anchor": anchor, "pid": getattr(getattr(anchor, "_process", None), "pid", None)}
+        if anchor is not None:
+            self.found.update(logits=anchor.logits(SEQUENCE), scale=anchor.scale,
+                              step=anchor.step(REQUESTS, {7: [1, 2, 3]}))
+            with pytest.raises(anchor_module.AnchorProcessError) as failed:
+                anchor.logits([10 ** 9])  # past the vocabulary
+            self.found.update(bad_request=str(failed.value), after_it=tuple(anchor.logits([1, 2]).shape))
 
 
-def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(tmp_path):
-    """A run from the command line, in one process, on a machine with a core to spare: the anchor's
-    tests run last and pass against the helper process, transformers never loads in the tests'
-    process, the helper answers bit for bit as the Anchor in this process (one thread each), a
-    request it cannot answer is reported and it answers the next, and it is gone when the run ends.
-    (An xdist worker, or a session inside a test, keeps the anchor in its own process: the rest of
-    the self-tests run it that way.)"""
+def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(pytester, monkeypatch):
+    """A session of its own (not an xdist worker, not inside a test), on a machine with a core to
+    spare: the anchor's tests run last and pass against the helper process (the Anchor is never
+    built in the tests' process), the helper answers bit for bit as the Anchor here (one thread
+    each), a request it cannot answer is reported and it answers the next, and it is gone when the
+    session ends. (Workers and sessions inside a test keep the anchor in their own process: the
+    rest of the self-tests run it that way.)"""
     if cores() < 2:
         pytest.skip("one core: the harness starts no helper")
-    (tmp_path / "anchor_probe.py").write_text(PROBE)
-    environment = {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
-    out = tmp_path / "probe.json"
-    environment.update(ANCHOR_PROBE_OUT=str(out),
-                       PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), environment.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "pytest", "suites/test_numerical_anchor.py", "suites/test_dispatch.py",
-                             "--runtime", "reference", "-k", "(test_every_step_matches_transformers and NONE) or "
-                             "test_runtime_mode_is_one_the_config_mode_can_run", "-p", "no:xdist", "-v",
-                             "-p", "no:cacheprovider", "-p", "anchor_probe"],
-                            cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
-    ran = [line.split("::")[0] for line in result.stdout.splitlines() if " PASSED" in line]
-    assert ran == ["suites/test_dispatch.py", "suites/test_numerical_anchor.py"], ran  # the anchor's tests last
-    probe = json.loads(out.read_text())
-    assert probe["anchor"] == "AnchorProcess" and not probe["transformers_here"], probe
-    assert not os.path.exists(f"/proc/{probe['pid']}"), "the helper outlived the run"
-    assert probe["bad_request"].startswith("AnchorProcessError: the numerical anchor's helper process failed: ")
-    assert probe["after_it"] == [2, preset("tiny").vocab]
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # the inner session is then a plain run, as from the command line
 
-    answered = torch.load(str(out) + ".pt")
+    def built_here(*args, **kwargs):
+        raise AssertionError("the Anchor was built in the tests' process")
+
+    monkeypatch.setattr(anchor_module.Anchor, "__init__", built_here)
+    probe = _Probe()
+    result = pytester.runpytest(
+        str(ROOT / "suites" / "test_numerical_anchor.py"), str(ROOT / "suites" / "test_dispatch.py"),
+        "--runtime", "reference", "-k", "(test_every_step_matches_transformers and NONE) or "
+        "test_runtime_mode_is_one_the_config_mode_can_run", "-p", "no:xdist", "-p", "no:cacheprovider",
+        "--rootdir", str(ROOT), plugins=[probe])
+    monkeypatch.undo()
+    passed = [report.nodeid.split("::")[0] for report in result.reprec.getreports("pytest_runtest_logreport")
+              if report.when == "call" and report.passed]
+    assert passed == ["suites/test_dispatch.py", "suites/test_numerical_anchor.py"], result.stdout.str()[-2000:]
+    found = probe.found
+    assert isinstance(found["anchor"], anchor_module.AnchorProcess), found
+    assert not os.path.exists(f"/proc/{found['pid']}"), "the helper outlived the session"
+    assert found["bad_request"].startswith("the numerical anchor's helper process failed: ")
+    assert found["after_it"] == (2, preset("tiny").vocab)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the helper computes: the same sums in the same order
     try:
         here = anchor_module.Anchor(str(checkpoint("tiny")))
-        assert torch.equal(answered["logits"], here.logits(SEQUENCE))
-        assert answered["scale"] == here.scale
-        assert torch.equal(answered["step"], here.step(REQUESTS, {7: [1, 2, 3]}))
+        assert torch.equal(found["logits"], here.logits(SEQUENCE))
+        assert found["scale"] == here.scale
+        assert torch.equal(found["step"], here.step(REQUESTS, {7: [1, 2, 3]}))
     finally:
         torch.set_num_threads(threads)
 
