@@ -67,6 +67,11 @@ def pytest_addoption(parser):
     group.addoption("--only-declared", action="store_true",
                     help="deselect, not skip, the tests that do not apply to the runtime (a capability it does not "
                          "declare, a vLLM runner its release is not modelled for); the report counts them by reason")
+    group.addoption("--anchor-process", default="auto", choices=("auto", "yes", "no"),
+                    help="where the numerical anchor's transformers forward runs: in a helper process started as "
+                         "soon as the tests are known, on the CPU, with the anchor's tests run last (yes), or in the "
+                         "pytest process (no); auto: a helper where the tests run in one process on a machine with "
+                         "more than two cores (never in an xdist worker; harness/session/anchor_helper.py)")
     group.addoption("--no-supervisor", action="store_true",
                     help="run the session in the pytest process itself, not in a child it forks and watches "
                          "(for a debugger that follows the first process); a process that dies then leaves no "

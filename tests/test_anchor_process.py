@@ -15,7 +15,6 @@ import torch
 from harness.expectations import anchor as anchor_module
 from harness.expectations.presets import checkpoint, preset
 from harness.protocol import Request
-from harness.session.machine import cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQUENCE = list(range(1, 40))
@@ -41,16 +40,11 @@ class _Probe:
             self.found.update(bad_request=str(failed.value), after_it=tuple(anchor.logits([1, 2]).shape))
 
 
-def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(pytester, monkeypatch):
-    """A session of its own (not an xdist worker, not inside a test), on a machine with a core to
-    spare: the anchor's tests run last and pass against the helper process (the Anchor is never
-    built in the tests' process), the helper answers bit for bit as the Anchor here (one thread
-    each), a request it cannot answer is reported and it answers the next, and it is gone when the
-    session ends. (Workers and sessions inside a test keep the anchor in their own process: the
-    rest of the self-tests run it that way.)"""
-    if cores() < 2:
-        pytest.skip("one core: the harness starts no helper")
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # the inner session is then a plain run, as from the command line
+def test_a_session_asked_for_the_helper_computes_the_anchor_there(pytester, monkeypatch):
+    """A session with `--anchor-process yes`: the anchor's tests run last and pass against the
+    helper process (the Anchor is never built in the tests' process), the helper answers bit for
+    bit as the Anchor here (one thread each), a request it cannot answer is reported and it answers
+    the next, and it is gone when the session ends."""
 
     def built_here(*args, **kwargs):
         raise AssertionError("the Anchor was built in the tests' process")
@@ -61,7 +55,7 @@ def test_a_plain_run_of_the_anchor_suite_computes_the_anchor_in_the_helper(pytes
         str(ROOT / "suites" / "test_numerical_anchor.py"), str(ROOT / "suites" / "test_dispatch.py"),
         "--runtime", "reference", "-k", "(test_every_step_matches_transformers and NONE) or "
         "test_runtime_mode_is_one_the_config_mode_can_run", "-p", "no:xdist", "-p", "no:cacheprovider",
-        "--rootdir", str(ROOT), plugins=[probe])
+        "--anchor-process", "yes", "--rootdir", str(ROOT), plugins=[probe])
     monkeypatch.undo()
     passed = [report.nodeid.split("::")[0] for report in result.reprec.getreports("pytest_runtest_logreport")
               if report.when == "call" and report.passed]
@@ -121,3 +115,15 @@ def test_the_helper_starts_only_for_anchor_tests_that_will_run():
     assert runs_the_anchor([item(["engines"]), item(["engines", "anchor"])])
     assert not runs_the_anchor([item(["engines"]), item(["engines", "anchor"], skipped=True)])
     assert not runs_the_anchor([])
+
+
+def test_auto_starts_a_helper_in_a_plain_session_on_more_than_two_cores():
+    from harness.session.anchor_helper import wanted
+
+    assert wanted("auto", worker=False, nested=False, cores=16)
+    assert not wanted("auto", worker=False, nested=False, cores=2)  # the second core is seldom idle
+    assert not wanted("auto", worker=False, nested=True, cores=16)  # a session inside a test
+    assert not wanted("auto", worker=True, nested=False, cores=16)
+    assert wanted("yes", worker=False, nested=True, cores=1)
+    assert not wanted("yes", worker=True, nested=False, cores=16)  # every worker collects the anchor's tests
+    assert not wanted("no", worker=False, nested=False, cores=16)

@@ -1,11 +1,13 @@
 """The numerical anchor in a helper process, where a plain run has a core to spare.
 
 transformers' import and the model's load take seconds, which the anchor's first test would
-otherwise spend waiting. Where this process runs the anchor's tests itself (not an xdist worker,
-whose peers keep the other cores busy, nor a session inside a test, pytester's) and the machine
-has a second core, the anchor starts in a helper process as soon as the tests are known
-(harness.expectations.anchor.AnchorProcess), and the anchor's tests go last, so that it loads
-while the other tests run. It is ended when the session finishes.
+otherwise spend waiting. With `--anchor-process yes`, or by default (auto) where this process runs
+the anchor's tests itself (not a session inside a test, pytester's) on a machine with more than two
+cores (on two, the second is seldom idle: an xdist peer, the machine's own work), the anchor starts
+in a helper process as soon as the tests are known (harness.expectations.anchor.AnchorProcess), and
+the anchor's tests go last, so that it loads while the other tests run. Never in an xdist worker:
+every worker collects the anchor's tests, and one runs them. The helper is ended when the session
+finishes.
 """
 from __future__ import annotations
 
@@ -20,6 +22,14 @@ def uses_the_anchor(item) -> bool:
     return "anchor" in getattr(item, "fixturenames", ())
 
 
+def wanted(option: str, worker: bool, nested: bool, cores: int) -> bool:
+    """Whether this session starts a helper (`--anchor-process`): as asked, except in an xdist
+    worker; auto, where the session is not inside a test and the machine has more than two cores."""
+    if worker or option == "no":
+        return False
+    return option == "yes" or not nested and cores > 2
+
+
 def runs_the_anchor(items) -> bool:
     """Whether a test among `items` that is not skipped outright uses the anchor."""
     return any(uses_the_anchor(item) and item.get_closest_marker("skip") is None for item in items)
@@ -30,8 +40,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     from harness.plugin import conformance_of
 
     c = conformance_of(config)
-    if (c.graph_backend is None or not runs_the_anchor(items) or machine.cores() < 2
-            or hasattr(config, "workerinput") or "PYTEST_CURRENT_TEST" in os.environ):
+    if (c.graph_backend is None or not runs_the_anchor(items)
+            or not wanted(config.getoption("anchor_process"), worker=hasattr(config, "workerinput"),
+                          nested="PYTEST_CURRENT_TEST" in os.environ, cores=machine.cores())):
         return
     from harness.expectations.anchor import AnchorProcess
 
