@@ -280,7 +280,8 @@ class EngineFactory:
         once a session: pytest may leave the anchor suite and come back to it (it orders tests by
         the session's parameters), and a module's fixture would load the model again each time. Its
         device memory is the harness's, not a leak of the test that first asked for it. Where the
-        session started one in a helper process (harness.plugin), that one: it holds no memory here."""
+        session started one in a helper process (harness.session.anchor_helper), that one: it holds no
+        memory here."""
         if self._anchor is None and self._started_anchor is not None:
             self._anchor = self._started_anchor
         if self._anchor is None:
