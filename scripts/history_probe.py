@@ -27,7 +27,6 @@ import time
 import torch
 
 
-
 def probe_arguments(doc: str) -> argparse.ArgumentParser:
     """The options of the engine probes (this one, scripts/process_state_probe.py)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])

@@ -149,14 +149,14 @@ def phases(path: Path, start: float, end: float, yardstick: Yardstick) -> str:
 
 def durations(args: list[str]) -> None:
     command = [sys.executable, "-m", "pytest", *args, "-q", "-rfE", "-p", "no:cacheprovider", "--durations=0",
-               "--durations-min=0", "-p", "session_phases"]
+               "--durations-min=0"]
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "phases"
         env = {"SESSION_PHASES_FILE": str(events),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts" / "lib"), os.environ.get("PYTHONPATH")]))}
-        result, wall, yardstick, started = timed_run(command, env)
+        # The plugin is this script's, not part of the command it prints and times.
+        result, wall, yardstick, started = timed_run([*command, "-p", "session_phases"], env)
         split = phases(events, started, started + wall, yardstick)
-    command = command[:-2]  # the plugin is this script's, not part of the command it times
     per_file, tests = defaultdict(float), defaultdict(float)
     for line in result.stdout.splitlines():
         if match := DURATION.match(line):

@@ -124,7 +124,7 @@ class AnchorProcess(_Rows):
 
         from harness.reliability.processes import harness_owned
 
-        self.preset, self.timeout, self._scale = preset, timeout, None
+        self.timeout, self._scale = timeout, None
         self._connection, child = multiprocessing.Pipe()
         command = [sys.executable, "-c", "import sys; from harness.expectations.anchor import _serve; "
                    "_serve(sys.argv[1], int(sys.argv[2]))", preset, str(child.fileno())]
