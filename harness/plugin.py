@@ -50,6 +50,9 @@ def pytest_addoption(parser):
                     help="TOML file of known failures (strict xfail); the runtime's own file is read as well")
     group.addoption("--report-dir", default=None, metavar="DIR",
                     help="write the run's JSON report and Markdown summary into DIR")
+    group.addoption("--no-plots", action="store_true",
+                    help="with --report-dir: write the JSON report and the Markdown summary without their PNG plots "
+                         "(matplotlib is not imported)")
     group.addoption("--baseline", action="append", default=[], metavar="PATH",
                     help="a run's JSON report to compare step latency and serving throughput against (may be repeated)")
     group.addoption("--regression-threshold", type=float, default=0.10, metavar="FRACTION",

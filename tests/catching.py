@@ -34,7 +34,8 @@ def _register_catch_profile() -> str:
 
 
 def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
-    """The JSON report of a session over `targets` (suite file names, or `file::test` ids)."""
+    """The JSON report of a session over `targets` (suite file names, or `file::test` ids); without
+    plots, which nothing here reads (tests/test_render.py draws them)."""
     parent = _register_catch_profile()
     outer = getattr(settings, "get_current_profile_name", lambda: parent)()  # absent from older hypothesis
     report_dir = pytester.path / "report"
@@ -42,7 +43,7 @@ def run_suites(pytester, runtime_spec: str, targets, *extra: str) -> dict:
         result = pytester.runpytest(
             *[str(SUITES / target) for target in targets], "--runtime", runtime_spec, "--report-dir", str(report_dir),
             "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly", "--rootdir", str(ROOT),
-            "--hypothesis-profile", CATCH_PROFILE, *extra,
+            "--hypothesis-profile", CATCH_PROFILE, "--no-plots", *extra,
         )
         # Hypothesis's caches keep some of a session's test functions, and through their modules' loader
         # the whole session: its recorded hook calls and their reports (frames and tracebacks of every

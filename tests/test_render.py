@@ -254,6 +254,14 @@ def test_plots_are_png_files_linked_from_the_markdown(tmp_path):
         assert f"]({name})" in markdown
 
 
+def test_plots_asked_away_are_not_drawn_or_linked(tmp_path):
+    run = make_run([*latency_tests(), measured("grid", {"config": "max_num_seqs=256", "sizes": VLLM_GRID_256})])
+    rendered = render.write_report([run], tmp_path, plots=False)
+    assert rendered.plots == [] and [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+    markdown = rendered.markdown.read_text()
+    assert ".png" not in markdown and "### Padding" in markdown
+
+
 def test_no_plots_without_latency_or_grid(tmp_path):
     render.write_report([make_run([case("suites/test_dispatch.py::test_d[reference]")])], tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["summary.md"]
@@ -370,6 +378,15 @@ def test_a_real_run_renders_the_padding_section(pytester):
     assert "SPEC check: batch 500 -> padded 512, waste 12 tokens (2.34%)" in markdown
     (plot,) = (pytester.path / "out").glob("padding-waste-reference-*.png")
     assert plot.read_bytes()[:8] == PNG_SIGNATURE and f"]({plot.name})" in markdown
+
+
+def test_a_real_run_with_no_plots_writes_the_rest(pytester):
+    pytester.makepyfile(GRID_TEST)
+    assert pytester.runpytest("--report-dir", "out", "--no-plots").ret == 0
+    markdown = (pytester.path / "out" / "conformance-reference.md").read_text()
+    assert "### Padding" in markdown and "51 sizes, largest 512" in markdown and ".png" not in markdown
+    assert sorted(p.name for p in (pytester.path / "out").iterdir()) == ["conformance-reference.json",
+                                                                         "conformance-reference.md"]
 
 
 def test_a_real_run_fails_on_a_regression_against_its_baseline(pytester):

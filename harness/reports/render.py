@@ -403,14 +403,15 @@ def draw_plots(run: dict, label: str, directory: Path) -> list[tuple[str, str]]:
 
 
 def write_report(runs: list[dict], directory, name: str = "summary.md", *, regressions: list[dict] | None = None,
-                 threshold: float = 0.10, title: str | None = None) -> Rendered:
-    """The Markdown file and its plots in `directory`; `regressions` as from compare(), None for no baseline."""
+                 threshold: float = 0.10, title: str | None = None, plots: bool = True) -> Rendered:
+    """The Markdown file and its plots (none where `plots` is false) in `directory`; `regressions` as
+    from compare(), None for no baseline."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    plots = {label: draw_plots(run, label, directory) for run, label in zip(runs, run_labels(runs))}
+    drawn = {label: draw_plots(run, label, directory) for run, label in zip(runs, run_labels(runs))} if plots else {}
     path = directory / name
-    path.write_text(render_markdown(runs, title=title, plots=plots, regressions=regressions, threshold=threshold))
-    return Rendered(path, [directory / n for drawn in plots.values() for _, n in drawn], regressions or [])
+    path.write_text(render_markdown(runs, title=title, plots=drawn, regressions=regressions, threshold=threshold))
+    return Rendered(path, [directory / n for pairs in drawn.values() for _, n in pairs], regressions or [])
 
 
 def main(argv: list[str] | None = None) -> int:
