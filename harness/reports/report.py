@@ -157,7 +157,7 @@ class RunReport:
         # Read now, so a bad --baseline is a usage error before any test runs.
         self.baseline_runs = [render.load_run(path) for path in config.getoption("baseline", None) or []]
         self.threshold = config.getoption("regression_threshold", 0.10)
-        self.draw_plots = not config.getoption("no_plots", False)
+        self.plots_wanted = not config.getoption("no_plots", False)
         self.regressions: list[dict] = []
         self.rootpath = Path(config.rootpath)
         self.file_digests: dict[str, str] = {}  # each test file's sha256, read once
@@ -314,7 +314,7 @@ class RunReport:
             if self.finished:  # plots once, at the end: the flushes during the run refresh only the text
                 self.plots = render.write_report([data], self.directory, md_path.name, threshold=self.threshold,
                                                  regressions=self.regressions if self.baseline_runs else None,
-                                                 plots=self.draw_plots).plots
+                                                 plots=self.plots_wanted).plots
             else:
                 md_path.write_text(render.render_markdown(data))
         except Exception as exc:  # noqa: BLE001 - the JSON is written; a summary that fails must not end the run

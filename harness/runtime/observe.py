@@ -282,8 +282,8 @@ class EngineFactory:
         device memory is the harness's, not a leak of the test that first asked for it. Where the
         session started one in a helper process (harness.session.anchor_helper), that one: it holds no
         memory here."""
-        if self._anchor is None and self._started_anchor is not None:
-            self._anchor = self._started_anchor
+        if self._started_anchor is not None:
+            return self._started_anchor
         if self._anchor is None:
             from harness.expectations.anchor import Anchor
 

@@ -27,7 +27,7 @@ def wanted(option: str, worker: bool, nested: bool, cores: int) -> bool:
     worker; auto, where the session is not inside a test and the machine has more than two cores."""
     if worker or option == "no":
         return False
-    return option == "yes" or not nested and cores > 2
+    return option == "yes" or (not nested and cores > 2)
 
 
 def runs_the_anchor(items) -> bool:
