@@ -1,10 +1,32 @@
-"""Hypothesis strategies for policy inputs, shared by the suites."""
+"""Hypothesis strategies for policy inputs, shared by the suites.
+
+Each strategy is built once, here or (where it depends on what was drawn before) once per value,
+and drawn from many times: building one (validation, its repr, the properties hypothesis derives
+for it) costs more than a policy suite's check of the config it draws.
+"""
 from __future__ import annotations
+
+import functools
 
 from hypothesis import strategies as st
 
 from harness.protocol import PolicyConfig
 from harness.vocabulary import CONFIG_MODES
+
+sampled_from = functools.lru_cache(maxsize=None)(st.sampled_from)  # of a tuple: the same strategy each time
+
+_SEQS = st.one_of(st.integers(1, 40), st.integers(41, 1100), st.sampled_from([256, 264, 300, 512, 1024]))
+_SPEC = st.integers(0, 4)
+_PLATFORM_MAX = st.sampled_from([512, 1024])
+_SIZES_CHOICE = st.sampled_from(["default", "default", "user_sizes", "user_max"])
+_USER_SIZES = st.lists(st.integers(1, 600), min_size=1, max_size=12)
+_USER_MAX = st.integers(1, 1100)
+
+
+@functools.lru_cache(maxsize=None)
+def _token_budgets(seqs: int):
+    return st.one_of(st.none(), st.integers(seqs, seqs + 600), st.sampled_from([2048, 8192])).filter(
+        lambda t: t is None or t >= seqs)
 
 
 @st.composite
@@ -12,21 +34,20 @@ def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, m
                    runners=("v1", "v2")):
     """Configs across vLLM's interesting ranges: small and off-grid max_num_seqs, both platform
     maxima, a binding max_num_batched_tokens, speculative q, user sizes and a user max."""
-    seqs = draw(st.one_of(st.integers(1, 40), st.integers(41, 1100), st.sampled_from([256, 264, 300, 512, 1024])))
-    tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 600), st.sampled_from([2048, 8192])).filter(
-        lambda t: t is None or t >= seqs))
-    spec = draw(st.integers(0, 4)) if speculative else 0
-    platform = draw(st.sampled_from([512, 1024]))
-    mode = draw(st.sampled_from(modes))
+    seqs = draw(_SEQS)
+    tokens = draw(_token_budgets(seqs))
+    spec = draw(_SPEC) if speculative else 0
+    platform = draw(_PLATFORM_MAX)
+    mode = draw(sampled_from(tuple(modes)))
     sizes = user_max = None
-    choice = draw(st.sampled_from(["default", "default", "user_sizes", "user_max"])) if user_sizes else "default"
+    choice = draw(_SIZES_CHOICE) if user_sizes else "default"
     if choice == "user_sizes":
-        sizes = tuple(draw(st.lists(st.integers(1, 600), min_size=1, max_size=12)))
+        sizes = tuple(draw(_USER_SIZES))
     elif choice == "user_max":
-        user_max = draw(st.integers(1, 1100))
+        user_max = draw(_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=spec,
                         platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode,
-                        runner=draw(st.sampled_from(runners)))
+                        runner=draw(sampled_from(tuple(runners))))
 
 
 def plain_configs(modes=CONFIG_MODES):
@@ -39,20 +60,30 @@ def plain_configs(modes=CONFIG_MODES):
 QUERY_LENS = (1, 2, 3, 4, 5)
 RUNNERS = ("v1", "v2")
 
+_SWEEP_SEQS = st.integers(1, 32)
+_SWEEP_SIZES_CHOICE = st.sampled_from(["default", "default", "default", "user_sizes", "user_max"])
+_SWEEP_USER_SIZES = st.lists(st.integers(1, 200), min_size=1, max_size=8)
+_SWEEP_USER_MAX = st.integers(1, 300)
+
+
+@functools.lru_cache(maxsize=None)
+def _sweep_token_budgets(seqs: int):
+    return st.one_of(st.none(), st.integers(seqs, seqs + 64))
+
 
 @st.composite
 def sweep_configs(draw, *, modes=CONFIG_MODES):
     """Configs small enough to ask about every batch size: max_num_seqs up to 32, so grids stop at a
     few hundred tokens, with a binding token budget, user sizes or a user max now and then, every
     mode and both runners."""
-    seqs = draw(st.integers(1, 32))
-    tokens = draw(st.one_of(st.none(), st.integers(seqs, seqs + 64)))
+    seqs = draw(_SWEEP_SEQS)
+    tokens = draw(_sweep_token_budgets(seqs))
     sizes = user_max = None
-    choice = draw(st.sampled_from(["default", "default", "default", "user_sizes", "user_max"]))
+    choice = draw(_SWEEP_SIZES_CHOICE)
     if choice == "user_sizes":
-        sizes = tuple(draw(st.lists(st.integers(1, 200), min_size=1, max_size=8)))
+        sizes = tuple(draw(_SWEEP_USER_SIZES))
     elif choice == "user_max":
-        user_max = draw(st.integers(1, 300))
+        user_max = draw(_SWEEP_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=draw(
-        st.sampled_from(QUERY_LENS)) - 1, platform_max=draw(st.sampled_from([512, 1024])), capture_sizes=sizes,
-        max_capture_size=user_max, mode=draw(st.sampled_from(modes)), runner=draw(st.sampled_from(RUNNERS)))
+        sampled_from(QUERY_LENS)) - 1, platform_max=draw(_PLATFORM_MAX), capture_sizes=sizes,
+        max_capture_size=user_max, mode=draw(sampled_from(tuple(modes))), runner=draw(sampled_from(RUNNERS)))
