@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from harness.protocol import PolicyConfig
 from harness.vocabulary import CONFIG_MODES
 
-sampled_from = functools.lru_cache(maxsize=None)(st.sampled_from)  # of a tuple: the same strategy each time
+_sampled_from = functools.lru_cache(maxsize=None)(st.sampled_from)  # of a tuple: one strategy per tuple
 
 _SEQS = st.one_of(st.integers(1, 40), st.integers(41, 1100), st.sampled_from([256, 264, 300, 512, 1024]))
 _SPEC = st.integers(0, 4)
@@ -38,7 +38,7 @@ def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, m
     tokens = draw(_token_budgets(seqs))
     spec = draw(_SPEC) if speculative else 0
     platform = draw(_PLATFORM_MAX)
-    mode = draw(sampled_from(tuple(modes)))
+    mode = draw(_sampled_from(tuple(modes)))
     sizes = user_max = None
     choice = draw(_SIZES_CHOICE) if user_sizes else "default"
     if choice == "user_sizes":
@@ -47,7 +47,7 @@ def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, m
         user_max = draw(_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=spec,
                         platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode,
-                        runner=draw(sampled_from(tuple(runners))))
+                        runner=draw(_sampled_from(tuple(runners))))
 
 
 def plain_configs(modes=CONFIG_MODES):
@@ -85,5 +85,5 @@ def sweep_configs(draw, *, modes=CONFIG_MODES):
     elif choice == "user_max":
         user_max = draw(_SWEEP_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=draw(
-        sampled_from(QUERY_LENS)) - 1, platform_max=draw(_PLATFORM_MAX), capture_sizes=sizes,
-        max_capture_size=user_max, mode=draw(sampled_from(tuple(modes))), runner=draw(sampled_from(RUNNERS)))
+        _sampled_from(QUERY_LENS)) - 1, platform_max=draw(_PLATFORM_MAX), capture_sizes=sizes,
+        max_capture_size=user_max, mode=draw(_sampled_from(tuple(modes))), runner=draw(_sampled_from(RUNNERS)))
