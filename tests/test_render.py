@@ -68,10 +68,10 @@ def serving_tests(piecewise_tok_s=1898.67, full_tok_s=1992.27) -> list[dict]:
             measured("serving", entry("full_and_piecewise", full_tok_s, 16.57), "suites/test_serving.py::t[fap]")]
 
 
-def render_runs(tmp_path, *runs, plots: bool = False, **kwargs) -> str:
-    """The Markdown of the runs; without plots unless asked (drawing them is most of a render, and the
-    plot tests below ask)."""
-    rendered = render.write_report(list(runs), tmp_path, plots=plots, **kwargs)
+def render_runs(tmp_path, *runs, **kwargs) -> str:
+    """The Markdown of the runs, without plots: drawing them is most of a render, and the plot tests
+    below call write_report themselves."""
+    rendered = render.write_report(list(runs), tmp_path, plots=False, **kwargs)
     return rendered.markdown.read_text()
 
 
