@@ -190,6 +190,15 @@ def end(processes: Sequence[Process], grace: float = TERM_GRACE_S) -> dict[Key, 
     return how
 
 
+def terminate(processes: Sequence[Process]) -> None:
+    """SIGTERM each that is still the process it was (see end), and wait for none of them."""
+    for process in processes:
+        handle = _open(process)
+        if handle is not None:
+            handle.signal(signal.SIGTERM)
+            handle.close()
+
+
 class _Handle:
     """A process to signal: a pidfd where the kernel has them (Linux 5.3), else its pid."""
 
@@ -241,13 +250,16 @@ _HARNESS_OWNED: dict[Key, str] = {}
 @contextmanager
 def harness_owned(what: str):
     """Every process that appears while the block runs is the harness's own (`what` names it):
-    never a leftover of a test, and ended by whoever started it."""
-    before = descendants()
+    never a leftover of a test, and ended by whoever started it. Yields a list that holds those
+    processes once the block has run, for the one that ends them."""
+    before, started = descendants(), []
     try:
-        yield
+        yield started
     finally:
-        for key in descendants().keys() - before.keys():
-            _HARNESS_OWNED[key] = what
+        for key, process in descendants().items():
+            if key not in before:
+                _HARNESS_OWNED[key] = what
+                started.append(process)
 
 
 def settled(found: Callable[[], dict[Key, "Process"]], seconds: float) -> dict[Key, "Process"]:

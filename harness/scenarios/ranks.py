@@ -96,8 +96,9 @@ class RankPool:
         self.alive = False
         self.engines: dict[bytes, BuiltEngine] = {}
         self.processes, self.connections = [], []
-        with harness_owned("the data-parallel rank pool"):  # its processes (and the fork server) are the harness's
+        with harness_owned("the data-parallel rank pool") as started:  # its processes (and the fork server)
             self._start()
+        _STARTED.extend(started)
 
     def _start(self) -> None:
         if self.backend == "nccl":
@@ -226,6 +227,7 @@ class RankPool:
 
 
 _POOLS: dict[tuple[int, str], RankPool] = {}
+_STARTED: list = []  # every process a pool started here (harness.reliability.processes.Process), the fork server too
 
 
 def pool(world: int, graph_backend: str) -> RankPool:
@@ -247,9 +249,16 @@ def world_size(graph_backend: str) -> int:
 
 @atexit.register
 def close_all() -> None:
+    """At exit: each pool's ranks, then a SIGTERM for the fork server, which would otherwise end
+    after this process by its own interpreter's teardown (it imported torch), a wait the session's
+    end pays. multiprocessing's resource tracker ignores SIGTERM and ends once its users have gone."""
     for current in _POOLS.values():
         current.close()
     _POOLS.clear()
+    from harness.reliability import processes
+
+    processes.terminate(_STARTED)
+    _STARTED.clear()
 
 
 def _last_lines(text: str, lines: int = 3) -> str:
