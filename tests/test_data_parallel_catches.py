@@ -93,3 +93,55 @@ def test_ranks_that_raise_or_die_fail_the_step_and_the_next_call_starts_afresh(m
                for text in outcomes[2].values())
     assert "the process died (exit code 7)" in outcomes[3]["rank 1"]
     assert all(text.startswith("1 requests (0 continuing), 3 tokens") for text in outcomes[3].values())
+
+
+# A process that starts a rank pool and exits; it prints the pids of its fork server's processes.
+STARTS_A_POOL = '''
+import os
+import sys
+
+from harness.reliability import processes
+from harness.scenarios import ranks
+
+if __name__ == "__main__":
+    if sys.argv[1] == "slips":  # an exit built to slip past the check: the fork server left to end by itself
+        processes.terminate = lambda started: None
+    ranks.pool(2, "emulated")
+    servers = [p for p in processes.descendants().values()  # the ranks are its children, with its command line
+               if p.ppid == os.getpid() and "multiprocessing.forkserver" in p.command()]
+    print(" ".join(str(p.pid) for p in servers))
+'''
+
+
+def fork_server_ending(tmp_path, variant: str) -> int:
+    """How the fork server of a process that used a rank pool ended: its wait status, read here
+    (a subreaper, which the orphaned fork server comes back to once that process has exited)."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.reliability import processes
+
+    assert processes.become_subreaper()
+    script = tmp_path / "starts_a_pool.py"
+    script.write_text(STARTS_A_POOL)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), variant], capture_output=True, text=True, timeout=120,
+                          env=environment)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (server,) = map(int, done.stdout.split())
+    _, status = os.waitpid(server, 0)
+    return status
+
+
+def test_a_process_that_used_a_rank_pool_ends_its_fork_server_as_it_exits(tmp_path):
+    """The fork server imported torch: left to end by itself, its interpreter's teardown would outlast
+    its parent, and the session's end waits for what its processes leave. Ended by SIGTERM at exit
+    (harness.scenarios.ranks.close_all); an exit that leaves it running shows as a normal exit."""
+    import os
+    import signal
+
+    ended = fork_server_ending(tmp_path, "ends")
+    assert os.WIFSIGNALED(ended) and os.WTERMSIG(ended) == signal.SIGTERM, f"wait status {ended}"
+    slipped = fork_server_ending(tmp_path, "slips")
+    assert os.WIFEXITED(slipped), f"the variant that leaves the fork server running: wait status {slipped}"

@@ -248,18 +248,19 @@ _HARNESS_OWNED: dict[Key, str] = {}
 
 
 @contextmanager
-def harness_owned(what: str):
+def harness_owned(what: str, started: list | None = None):
     """Every process that appears while the block runs is the harness's own (`what` names it):
-    never a leftover of a test, and ended by whoever started it. Yields a list that holds those
-    processes once the block has run, for the one that ends them."""
-    before, started = descendants(), []
+    never a leftover of a test, and ended by whoever started it (each is appended to `started`,
+    where given, when the block ends, however it ends)."""
+    before = descendants()
     try:
-        yield started
+        yield
     finally:
         for key, process in descendants().items():
             if key not in before:
                 _HARNESS_OWNED[key] = what
-                started.append(process)
+                if started is not None:
+                    started.append(process)
 
 
 def settled(found: Callable[[], dict[Key, "Process"]], seconds: float) -> dict[Key, "Process"]:

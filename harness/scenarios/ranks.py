@@ -96,9 +96,8 @@ class RankPool:
         self.alive = False
         self.engines: dict[bytes, BuiltEngine] = {}
         self.processes, self.connections = [], []
-        with harness_owned("the data-parallel rank pool") as started:  # its processes (and the fork server)
+        with harness_owned("the data-parallel rank pool", _STARTED):  # its processes (and the fork server)
             self._start()
-        _STARTED.extend(started)
 
     def _start(self) -> None:
         if self.backend == "nccl":
