@@ -76,7 +76,7 @@ class Latency(Record):
     graph_launches: int | None = None
     memcpy_calls: int | None = None
     rounds: int | None = None
-    host_ref_ms: float | None = None  # harness.reports.timing.host_reference_ms: the median of one before each timed round
+    host_ref_ms: float | None = None  # harness.reports.timing.host_reference_ms: the median of one before every third timed round
     host_step_ms: float | None = None  # median time until the step returned, before the wait: the host's own part
 
 
