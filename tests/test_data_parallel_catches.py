@@ -5,11 +5,16 @@ Each mutant runs the scripted sequence in an in-process pytest session of its ow
 processes of harness.scenarios.ranks are shared across sessions, so only its engines are built).
 The reference passing the suite is checked by the run of `suites/` itself.
 """
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from harness.reliability import processes
 from harness.scenarios import ranks as distributed
 from harness.runtime.observe import EngineFactory
 from harness.protocol import Request
@@ -95,7 +100,7 @@ def test_ranks_that_raise_or_die_fail_the_step_and_the_next_call_starts_afresh(m
     assert all(text.startswith("1 requests (0 continuing), 3 tokens") for text in outcomes[3].values())
 
 
-# A process that starts a rank pool and exits; it prints the pids of its fork server's processes.
+# A process that starts a rank pool and exits; it prints its fork server's pid.
 STARTS_A_POOL = '''
 import os
 import sys
@@ -116,12 +121,6 @@ if __name__ == "__main__":
 def fork_server_ending(tmp_path, variant: str) -> int:
     """How the fork server of a process that used a rank pool ended: its wait status, read here
     (a subreaper, which the orphaned fork server comes back to once that process has exited)."""
-    import os
-    import subprocess
-    import sys
-
-    from harness.reliability import processes
-
     assert processes.become_subreaper()
     script = tmp_path / "starts_a_pool.py"
     script.write_text(STARTS_A_POOL)
@@ -138,9 +137,6 @@ def test_a_process_that_used_a_rank_pool_ends_its_fork_server_as_it_exits(tmp_pa
     """The fork server imported torch: left to end by itself, its interpreter's teardown would outlast
     its parent, and the session's end waits for what its processes leave. Ended by SIGTERM at exit
     (harness.scenarios.ranks.close_all); an exit that leaves it running shows as a normal exit."""
-    import os
-    import signal
-
     ended = fork_server_ending(tmp_path, "ends")
     assert os.WIFSIGNALED(ended) and os.WTERMSIG(ended) == signal.SIGTERM, f"wait status {ended}"
     slipped = fork_server_ending(tmp_path, "slips")
