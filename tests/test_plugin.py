@@ -525,6 +525,41 @@ def test_xdist_keeps_a_file_of_shared_process_resources_on_one_worker(pytester):
     assert len(workers["test_other"]) == 2, workers
 
 
+@pytest.mark.parametrize("args, reason", [
+    ([], None),
+    (["--benchmark-disable"], "--benchmark-disable: pytest-benchmark times nothing"),
+    (["-n", "2"], "pytest-benchmark cannot time tests under xdist"),
+], ids=["timed", "benchmark-disable", "xdist"])
+def test_the_benchmark_lane_skips_where_pytest_benchmark_times_nothing(pytester, monkeypatch, args, reason):
+    """Under xdist or --benchmark-disable, pytest-benchmark runs a benchmarked function once and keeps
+    no timings: every test of the lane is skipped (plugin.bench_engines), with the reason the header
+    gives (harness.session.header.benchmark_lane_off), not left to fail reading timings that are not
+    there. The session says it is on CUDA here (a conftest's graph_backend), so that the lane's own
+    fixture decides; timed, the fixture gives its engines (built only when a test asks)."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # this test's own worker: the session is not one
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def graph_backend():
+            return "cuda"
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_lane(bench_engines):
+            assert bench_engines is not None
+        """
+    )
+    result = pytester.runpytest("--runtime", "reference", "-rs", *(args if "-n" in args else ["-p", "no:xdist", *args]))
+    if reason is None:
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(skipped=1)
+        assert any(reason in line for line in result.outlines), result.outlines[-10:]
+
+
 def test_xdist_reports_stale_entries_from_the_whole_collection(pytester):
     use_hook_runtime(pytester)
     pytester.makepyfile(test_kf=KNOWN_FAILURE_TESTS)

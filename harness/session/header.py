@@ -63,12 +63,22 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
                      "input_inspection, so only real rows are compared with and without the fill)")
     if no_backend:
         lines.append(f"skipped: the execution suites ({no_backend})")
-    elif graph_backend != "cuda":
-        lines.append(f"skipped: the benchmark lane ({BENCHMARK_SUITES}): benchmarks need CUDA graphs on a GPU, "
-                     f"and this run's graph backend is {graph_backend}")
-    elif getattr(config.option, "cudagraph_benchmarks_off_under_xdist", False):
-        lines.append(f"skipped: the benchmark lane ({BENCHMARK_SUITES}): pytest-benchmark cannot time tests "
-                     "under xdist (-n); run it with -p no:xdist")
-    elif getattr(config.option, "benchmark_skip", False):
-        lines.append(f"skipped: the benchmark lane ({BENCHMARK_SUITES}): --benchmark-skip")
+    elif (why := benchmark_lane_off(config, graph_backend)) is not None:
+        lines.append(f"skipped: the benchmark lane ({BENCHMARK_SUITES}): {why}")
     return lines
+
+
+def benchmark_lane_off(config, graph_backend: str | None) -> str | None:
+    """Why the benchmark lane cannot run in this session, or None: the header's line, and the
+    skip of every test of the lane (plugin.bench_engines). pytest-benchmark turned off (under
+    xdist, or --benchmark-disable) runs each benchmarked function once and keeps no timings."""
+    option = config.option
+    if graph_backend != "cuda":
+        return f"benchmarks need CUDA graphs on a GPU, and this run's graph backend is {graph_backend}"
+    if getattr(option, "cudagraph_benchmarks_off_under_xdist", False):
+        return "pytest-benchmark cannot time tests under xdist (-n); run it with -p no:xdist"
+    if getattr(option, "benchmark_skip", False):
+        return "--benchmark-skip"
+    if getattr(option, "benchmark_disable", False):
+        return "--benchmark-disable: pytest-benchmark times nothing"
+    return None
