@@ -73,7 +73,7 @@ def benchmark_lane_off(config, graph_backend: str | None) -> str | None:
     skip of every test of the lane (plugin.bench_engines). pytest-benchmark turned off (under
     xdist, or --benchmark-disable) runs each benchmarked function once and keeps no timings."""
     option = config.option
-    if graph_backend != "cuda":
+    if graph_backend != "cuda":  # the emulator's timings mean nothing
         return f"benchmarks need CUDA graphs on a GPU, and this run's graph backend is {graph_backend}"
     if getattr(option, "cudagraph_benchmarks_off_under_xdist", False):
         return "pytest-benchmark cannot time tests under xdist (-n); run it with -p no:xdist"
