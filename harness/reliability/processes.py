@@ -248,19 +248,24 @@ _HARNESS_OWNED: dict[Key, str] = {}
 
 
 @contextmanager
-def harness_owned(what: str, started: list | None = None):
+def harness_owned(what: str):
     """Every process that appears while the block runs is the harness's own (`what` names it):
-    never a leftover of a test, and ended by whoever started it (each is appended to `started`,
-    where given, when the block ends, however it ends)."""
+    never a leftover of a test, and ended by whoever started it (`owned(what)` finds them)."""
     before = descendants()
     try:
         yield
     finally:
-        for key, process in descendants().items():
-            if key not in before:
-                _HARNESS_OWNED[key] = what
-                if started is not None:
-                    started.append(process)
+        for key in descendants().keys() - before.keys():
+            _HARNESS_OWNED[key] = what
+
+
+def owned(what: str) -> list[Process]:
+    """The processes `harness_owned(what)` saw start that are still the processes they were."""
+    found = []
+    for (pid, start), name in _HARNESS_OWNED.items():
+        if name == what and (process := read(pid)) is not None and process.start == start:
+            found.append(process)
+    return found
 
 
 def settled(found: Callable[[], dict[Key, "Process"]], seconds: float) -> dict[Key, "Process"]:

@@ -41,6 +41,7 @@ STEP_TIMEOUT_S = 15.0
 START_TIMEOUT_S = 240.0  # a rank imports torch and joins the process group
 BUILD_TIMEOUT_S = 300.0  # build() and capture() in every rank
 MAX_ENGINES = 8  # engines a pool keeps built; the oldest goes first
+OWNER = "the data-parallel rank pool"  # what harness.reliability.processes calls the pools' processes
 # How ranks start: a parent that initialised CUDA cannot fork, so GPU ranks are spawned; CPU ranks
 # fork from a server that imported torch once.
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
@@ -96,7 +97,7 @@ class RankPool:
         self.alive = False
         self.engines: dict[bytes, BuiltEngine] = {}
         self.processes, self.connections = [], []
-        with harness_owned("the data-parallel rank pool", _STARTED):  # its processes (and the fork server)
+        with harness_owned(OWNER):  # its processes, and the fork server the first pool starts
             self._start()
 
     def _start(self) -> None:
@@ -226,7 +227,6 @@ class RankPool:
 
 
 _POOLS: dict[tuple[int, str], RankPool] = {}
-_STARTED: list = []  # every process a pool started here (harness.reliability.processes.Process), the fork server too
 
 
 def pool(world: int, graph_backend: str) -> RankPool:
@@ -256,8 +256,7 @@ def close_all() -> None:
     _POOLS.clear()
     from harness.reliability import processes
 
-    processes.terminate(_STARTED)
-    _STARTED.clear()
+    processes.terminate(processes.owned(OWNER))
 
 
 def _last_lines(text: str, lines: int = 3) -> str:
