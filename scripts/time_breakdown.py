@@ -15,10 +15,16 @@ seconds do not. Every figure is printed in both.
 Without --profile: the run's wall time, the summed time of its tests (with N workers the wall
 time is about that over N, plus start-up and collection), the run split at its first test's start
 and its last test's end (scripts/lib/session_phases.py), the time per file and the slowest tests,
-from pytest's --durations. With --profile the run is serial and ~1.5x slower: seconds spent in each
-named cost below. The costs nest (captures are part of engine builds, and both happen inside the
-in-process sessions of the self-tests), so they do not add up; subprocesses are timed as a whole.
-Pass CI=true in the environment to time CI's hypothesis profile (100 examples instead of 30).
+from pytest's --durations. Then the CPU time of the run's processes (those waited for: the
+workers, each test's subprocesses), the least wall time it allows on this machine's cores, and
+where it went: in the tests (each test's own process, and the processes it waited for), per
+file and by test, and outside them (start-up, collection, the end). On a machine whose cores are
+all busy the CPU time is what a run costs; a test's wall time also holds what it waited for.
+
+With --profile the run is serial and ~1.5x slower: seconds spent in each named cost below. The
+costs nest (captures are part of engine builds, and both happen inside the in-process sessions of
+the self-tests), so they do not add up; subprocesses are timed as a whole. Pass CI=true in the
+environment to time CI's hypothesis profile (100 examples instead of 30).
 
 --targets runs the README's two commands (every test under CI's profile, and the suites against
 the reference runtime) --runs times each, and says whether each run met its target in loop-times
@@ -33,12 +39,14 @@ import argparse
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)")
@@ -120,23 +128,50 @@ def outcome(stdout: str) -> str:
     return next((line.strip("= ") for line in reversed(stdout.splitlines()) if OUTCOME.search(line)), "(no summary line)")
 
 
-def timed_run(command: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, Yardstick, float]:
-    """The command's result, its wall time, the yardstick timed around it, and when it started (time.time())."""
+class Run(NamedTuple):
+    result: subprocess.CompletedProcess
+    wall: float  # seconds
+    yardstick: Yardstick  # timed just before and just after
+    started: float  # time.time()
+    cpu: float  # user and system seconds of every process of the run that was waited for
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_run(command: list[str], env: dict | None = None) -> Run:
     yardstick = Yardstick()
-    started, start = time.time(), time.monotonic()
+    started, start, cpu = time.time(), time.monotonic(), _children_cpu()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall = time.monotonic() - start
+    wall, cpu = time.monotonic() - start, _children_cpu() - cpu
     yardstick.close()
-    return result, wall, yardstick, started
+    return Run(result, wall, yardstick, started, cpu)
 
 
-def phases(path: Path, start: float, end: float, yardstick: Yardstick) -> str:
-    """The run split at its first test's start and its last test's end, over all its processes
-    (scripts/lib/session_phases.py wrote the events)."""
-    events = defaultdict(list)
+class CpuUse(NamedTuple):
+    nodeid: str
+    own: float  # CPU seconds of the test's process, from its start to its end
+    waited: float  # those of the processes it waited for meanwhile
+
+
+def read_events(path: Path) -> tuple[dict[str, list[float]], list[CpuUse]]:
+    """What scripts/lib/session_phases.py wrote: when each phase came (EVENT PID TIME), and each
+    test's CPU time (test-cpu PID OWN WAITED NODEID)."""
+    events, cpu = defaultdict(list), []
     for line in path.read_text().splitlines() if path.exists() else ():
-        event, _, stamp = line.split()
-        events[event].append(float(stamp))
+        if line.startswith("test-cpu "):
+            _, _, own, waited, nodeid = line.split(" ", 4)
+            cpu.append(CpuUse(nodeid, float(own), float(waited)))
+        else:
+            event, _, stamp = line.split()
+            events[event].append(float(stamp))
+    return events, cpu
+
+
+def phases(events: dict[str, list[float]], start: float, end: float, yardstick: Yardstick) -> str:
+    """The run split at its first test's start and its last test's end, over all its processes."""
     if not events["test-start"]:
         return "phases: no test started"
     first, last = min(events["test-start"]), max(events["test-end"], default=end)
@@ -151,12 +186,14 @@ def durations(args: list[str]) -> None:
     command = [sys.executable, "-m", "pytest", *args, "-q", "-rfE", "-p", "no:cacheprovider", "--durations=0",
                "--durations-min=0"]
     with tempfile.TemporaryDirectory() as tmp:
-        events = Path(tmp) / "phases"
-        env = {"SESSION_PHASES_FILE": str(events),
+        path = Path(tmp) / "phases"
+        env = {"SESSION_PHASES_FILE": str(path),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts" / "lib"), os.environ.get("PYTHONPATH")]))}
         # The plugin is this script's, not part of the command it prints and times.
-        result, wall, yardstick, started = timed_run([*command, "-p", "session_phases"], env)
-        split = phases(events, started, started + wall, yardstick)
+        run = timed_run([*command, "-p", "session_phases"], env)
+        events, cpu = read_events(path)
+    result, wall, yardstick = run.result, run.wall, run.yardstick
+    split = phases(events, run.started, run.started + wall, yardstick)
     per_file, tests = defaultdict(float), defaultdict(float)
     for line in result.stdout.splitlines():
         if match := DURATION.match(line):
@@ -179,7 +216,37 @@ def durations(args: list[str]) -> None:
     print("\nslowest tests:")
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:20]:
         print(f"  {seconds:7.1f} s {yardstick.times(seconds):6.2f} lt  {nodeid}")
+    print(cpu_breakdown(run.cpu, cpu, yardstick))
     sys.exit(result.returncode)
+
+
+def cpu_breakdown(total: float, tests: list[CpuUse], yardstick: Yardstick) -> str:
+    """Where the run's CPU time went: its processes' total, the least wall time it allows on this
+    machine's cores, the tests' share (their own processes, and those they waited for) per file and
+    by test, and the rest (start-up, collection, the end, the xdist controller)."""
+    from harness.session.machine import cores as machine_cores
+
+    cores = machine_cores()
+    own, waited = sum(t.own for t in tests), sum(t.waited for t in tests)
+    lines = [f"\nCPU {yardstick.both(total)} in the run's processes (those waited for); on {cores} cores its wall "
+             f"time can be no less than {yardstick.both(total / cores)}",
+             f"in the tests {yardstick.both(own + waited)} ({own:.1f} s in their own processes, {waited:.1f} s in "
+             f"processes they waited for); outside them {yardstick.both(total - own - waited)} (start-up, "
+             f"collection, the end)"]
+    per_file = defaultdict(lambda: [0.0, 0.0])
+    for t in tests:
+        split = per_file[t.nodeid.split("::")[0]]
+        split[0], split[1] = split[0] + t.own, split[1] + t.waited
+
+    def row(name: str, own: float, waited: float) -> str:
+        return (f"  {own + waited:7.1f} s {yardstick.times(own + waited):6.2f} lt  "
+                f"({own:.1f} s own, {waited:.1f} s waited for)  {name}")
+
+    lines.append("\nCPU per file:")
+    lines += [row(name, *split) for name, split in sorted(per_file.items(), key=lambda item: -sum(item[1]))[:20]]
+    lines.append("\nmost CPU, by test:")
+    lines += [row(t.nodeid, t.own, t.waited) for t in sorted(tests, key=lambda t: -(t.own + t.waited))[:20]]
+    return "\n".join(lines)
 
 
 def profile(args: list[str]) -> None:
@@ -190,7 +257,7 @@ def profile(args: list[str]) -> None:
         # --no-supervisor: the session runs in this process, not in a child the profiler never sees.
         command = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "pytest", *args, "-q", "-p", "no:xdist",
                    "-p", "no:cacheprovider", "--no-supervisor"]
-        result, wall, yardstick, _ = timed_run(command)
+        result, wall, yardstick, *_ = timed_run(command)
         if not out.exists():
             print(result.stdout[-3000:] + result.stderr[-3000:])
             sys.exit(f"the profiled run left no profile (pytest exit {result.returncode})")
@@ -228,7 +295,7 @@ def targets(runs: int, out: Path | None) -> None:
     for run in range(1, runs + 1):
         for name, title, args, env, target in TARGETS:
             command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
-            result, wall, yardstick, _ = timed_run(command, env)
+            result, wall, yardstick, *_ = timed_run(command, env)
             loop_times = yardstick.times(wall)
             ok = result.returncode == 0 and loop_times <= target
             met[name] += ok

@@ -127,25 +127,50 @@ def test_ci_fails_when_no_test_runs(tmp_path):
     assert "collected no tests" in result.stdout
 
 
+BUSY = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
+
+
 def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     """scripts/time_breakdown.py: wall time, summed test time, the time before the first test and
     after the last, per-file and slowest tests, each also in loop-times (the yardstick loop, timed
-    before and after the run)."""
+    before and after the run); then the CPU time of the run, and of each test in its own process
+    and in the processes it waited for (a test that sleeps uses next to none)."""
     (tmp_path / "test_two.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.2)\n\n"
                                           "def test_fast():\n    pass\n")
+    (tmp_path / "test_cpu.py").write_text(
+        f"import subprocess, sys\n\ndef test_busy():\n    exec({BUSY!r}, {{}})\n\n"
+        f"def test_busy_child():\n    subprocess.run([sys.executable, '-c', {BUSY!r}], check=True)\n")
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--loop-additions", "2000000",
-                             str(tmp_path / "test_two.py"), "-p", "no:xdist", "--rootdir", str(tmp_path)],
+                             str(tmp_path / "test_two.py"), str(tmp_path / "test_cpu.py"), "-p", "no:xdist",
+                             "--rootdir", str(tmp_path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert re.match(r"2 passed in ", lines[1])
-    assert re.match(r"wall \d+\.\d s \(\d+\.\d loop-times\); summed test time 0\.[2-9] s \(\d\.\d loop-times\)", lines[2])
-    # The run split where its tests start and end (scripts/lib/session_phases.py): the slow test is in the middle.
-    assert re.match(r"before the first test \d+\.\d s \(.*\); from the first test's start to the last's end "
-                    r"0\.[2-9] s \(\d\.\d loop-times\); after the last test \d+\.\d s", lines[3]), lines[3]
+    assert re.match(r"4 passed in ", lines[1])
+    # At least the sleep's 0.2 s and the busy tests' 0.3 s each, in the tests and between the first's start and the last's end.
+    summed = re.match(r"wall \d+\.\d s \(\d+\.\d loop-times\); summed test time (\d+\.\d) s \(\d+\.\d loop-times\)", lines[2])
+    assert summed and float(summed[1]) >= 0.8, lines[2]
+    # The run split where its tests start and end (scripts/lib/session_phases.py).
+    split = re.match(r"before the first test \d+\.\d s \(.*\); from the first test's start to the last's end "
+                     r"(\d+\.\d) s \(\d+\.\d loop-times\); after the last test \d+\.\d s", lines[3])
+    assert split and float(split[1]) >= 0.8, lines[3]
     loop = re.match(r"the loop of 20,000,000 additions \(scaled from 2,000,000\) took (\d+\.\d+) s before the run and (\d+\.\d+) s after it", lines[4])
     assert loop and float(loop[1]) > 0 and float(loop[2]) > 0, lines[4]
-    assert "test_two.py::test_slow" in lines[lines.index("slowest tests:") + 1]
+    slowest = lines.index("slowest tests:")
+    [sleeper] = [line for line in lines[slowest + 1:slowest + 5] if line.endswith("test_two.py::test_slow")]
+    assert float(sleeper.split()[0]) >= 0.2, sleeper
+    cpu = next(i for i, line in enumerate(lines) if line.startswith("CPU "))
+    total = re.match(r"CPU (\d+\.\d) s \(\d+\.\d loop-times\) in the run's processes \(those waited for\); on \d+ "
+                     r"cores its wall time can be no less than \d+\.\d s", lines[cpu])
+    assert total and float(total[1]) >= 0.6, lines[cpu]  # the busy tests' 0.3 s each, and pytest's own start
+    assert re.match(r"in the tests \d+\.\d s \(.*\) \(\d+\.\d s in their own processes, \d+\.\d s in processes they "
+                    r"waited for\); outside them \d+\.\d s", lines[cpu + 1]), lines[cpu + 1]
+    by_test = {line.split("::")[-1]: line for line in lines[lines.index("most CPU, by test:") + 1:]}
+    own_and_waited = {name: tuple(map(float, re.search(r"\((\d+\.\d) s own, (\d+\.\d) s waited for\)", line).groups()))
+                      for name, line in by_test.items()}
+    assert own_and_waited["test_busy"][0] >= 0.3 and own_and_waited["test_busy"][1] == 0.0, by_test["test_busy"]
+    assert own_and_waited["test_busy_child"][1] >= 0.3, by_test["test_busy_child"]  # in the process it waited for
+    assert sum(own_and_waited["test_slow"]) <= 0.1, by_test["test_slow"]  # asleep: its 0.2 s of wall are no CPU
     unusable = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--profile", "-n", "2"],
                               capture_output=True, text=True, timeout=60)
     assert unusable.returncode == 2 and "leave out -n" in unusable.stderr
