@@ -18,7 +18,8 @@ and its last test's end (scripts/lib/session_phases.py), the time per file and t
 from pytest's --durations. Then the CPU time of the run's processes (those waited for: the
 workers, each test's subprocesses), the least wall time it allows on this machine's cores, and
 where it went: in the tests (each test's own process, and the processes it waited for), per
-file and by test, and outside them (start-up, collection, the end). On a machine whose cores are
+file and by test, and outside them (start-up, collection, the end, and processes a test started
+that were waited for only after it, as a rank pool's are at exit). On a machine whose cores are
 all busy the CPU time is what a run costs; a test's wall time also holds what it waited for.
 
 With --profile the run is serial and ~1.5x slower: seconds spent in each named cost below. The
@@ -223,7 +224,8 @@ def durations(args: list[str]) -> None:
 def cpu_breakdown(total: float, tests: list[CpuUse], yardstick: Yardstick) -> str:
     """Where the run's CPU time went: its processes' total, the least wall time it allows on this
     machine's cores, the tests' share (their own processes, and those they waited for) per file and
-    by test, and the rest (start-up, collection, the end, the xdist controller)."""
+    by test, and the rest (start-up, collection, the end, the xdist controller, and processes a test
+    started that were waited for only after it: a data-parallel rank pool's, at the process's exit)."""
     from harness.session.machine import cores as machine_cores
 
     cores = machine_cores()
@@ -232,7 +234,7 @@ def cpu_breakdown(total: float, tests: list[CpuUse], yardstick: Yardstick) -> st
              f"time can be no less than {yardstick.both(total / cores)}",
              f"in the tests {yardstick.both(own + waited)} ({own:.1f} s in their own processes, {waited:.1f} s in "
              f"processes they waited for); outside them {yardstick.both(total - own - waited)} (start-up, "
-             f"collection, the end)"]
+             f"collection, the end, and processes a test started that ended after it)"]
     per_file = defaultdict(lambda: [0.0, 0.0])
     for t in tests:
         split = per_file[t.nodeid.split("::")[0]]
