@@ -320,8 +320,8 @@ def record(request):
 
 
 def _share_the_machine(config, graph_backend: str) -> None:
-    """Under xdist, worker gwN takes its share of the machine (machine.share): GPU N mod count, or
-    one CPU thread."""
+    """This process's share of the machine (machine.share): under xdist worker gwN takes GPU N mod
+    count; on the CPU every session computes on one thread."""
     worker = getattr(config, "workerinput", {}).get("workerid")
     machine.share(graph_backend, int(worker.lstrip("gw")) if worker else None)
 

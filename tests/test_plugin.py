@@ -692,6 +692,22 @@ def test_graph_backend_cuda_without_cuda_is_one_usage_error(pytester):
     result.stderr.fnmatch_lines(["*--graph-backend cuda needs a CUDA device*--graph-backend emulated*"])
 
 
+def test_a_session_on_the_cpu_computes_on_one_thread_outside_xdist_too(pytester):
+    """machine.share: the emulator's small matrices gain nothing from a thread on every core, which
+    would only spin (reports/cpu/2026-12-03-speed-7/experiments.txt): in a session of one process as in
+    each xdist worker."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as torch starts on a machine of two cores or more (this worker computes on one)
+    try:
+        pytester.makepyfile("import torch\n\ndef test_threads(graph_backend):\n    assert torch.get_num_threads() == 1\n")
+        result = pytester.runpytest("--runtime", "reference", "--graph-backend", "emulated", "-p", "no:xdist")
+    finally:
+        torch.set_num_threads(threads)
+    result.assert_outcomes(passed=1)
+
+
 def test_long_values_are_cut_to_a_window_around_the_first_difference(pytester):
     pytester.makepyfile("""
         def test_long(check):

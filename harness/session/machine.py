@@ -26,8 +26,10 @@ def share(graph_backend: str, index: int | None) -> None:
     """This process's part of a machine it shares with others (xdist workers, data-parallel ranks).
     On CUDA the graph log counts graphs from now on, and where there are several GPUs process
     `index` (where given) uses GPU `index` mod the count (with one, no device is set, so CUDA starts
-    no earlier than the first engine); on the CPU a process with an index computes on one thread,
-    so that N processes do not oversubscribe N cores."""
+    no earlier than the first engine). On the CPU a process computes on one thread, with an index
+    or without: N processes then do not oversubscribe N cores, and one process does not keep a
+    thread on every core spinning for the emulator's small matrices, which gain no speed from
+    them (reports/cpu/2026-12-03-speed-7/experiments.txt)."""
     import torch
 
     if graph_backend == "cuda":
@@ -36,7 +38,7 @@ def share(graph_backend: str, index: int | None) -> None:
         watch_cuda_graphs()
         if index is not None and torch.cuda.device_count() > 1:
             torch.cuda.set_device(worker_device(index))
-    elif index is not None:
+    else:
         torch.set_num_threads(1)
 
 
