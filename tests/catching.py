@@ -10,7 +10,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
 from filelock import FileLock
 from hypothesis import Phase, settings
 
@@ -86,14 +85,11 @@ def checkout_run(pytester, report_dir: Path) -> dict:
     `cudagraph-conformance` runs them from the wheel (tests/test_packaging.py): pytest's exit status,
     the end of its output and the JSON report."""
     outer = getattr(settings, "get_current_profile_name", lambda: None)()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the wheel's run (OMP_NUM_THREADS=1): threads only oversubscribe a busy machine
     try:
         result = pytester.runpytest(str(SUITES), *CHECKOUT_OPTIONS, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
                                     "--tb=native", "--report-dir", str(report_dir))
         result.reprec.calls.clear()  # see run_suites
     finally:
-        torch.set_num_threads(threads)
         if outer is not None:
             settings.load_profile(outer)
     (report,) = report_dir.glob("conformance-*.json") if report_dir.is_dir() else (None,)

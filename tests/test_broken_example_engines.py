@@ -8,7 +8,6 @@ the harness's own JSON report. The catch table is printed at the end of the run.
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests import broken_example_engines, broken_example_models, catching
 
@@ -75,15 +74,6 @@ GRID_SUITES = ["test_capture_accounting.py", "test_capture_sizes.py", "test_disp
                "test_padding.py", "test_replay_equivalence.py"]
 
 
-@pytest.fixture
-def one_thread():
-    """The tiny model gains nothing from intra-op threads, and they oversubscribe a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run_suites(pytester, runtime: str, suites: list[str]) -> dict:
     """One session over the suite files; --tb=native, since pytest's own tracebacks parse every
     torch source file an error passed through (a second a failure)."""
@@ -113,7 +103,7 @@ def test_the_bucket_engine_passes_every_suite(bucket_engine_in_the_checkout):
                       "test_padding_isolation.py", "test_replay_equivalence.py", "test_static_addresses.py"}
 
 
-def test_a_grid_with_neighbouring_sizes_at_the_top_is_judged_by_its_own_rule(pytester, one_thread):
+def test_a_grid_with_neighbouring_sizes_at_the_top_is_judged_by_its_own_rule(pytester):
     """An honest grid ending in ..., 15, 16: a batch of 15 tokens pads to 15, and no suite may
     expect 16 (vLLM's grids have gaps at the top; not every grid does)."""
     report = run_suites(pytester, "DenseTopBuckets", GRID_SUITES)
@@ -122,20 +112,20 @@ def test_a_grid_with_neighbouring_sizes_at_the_top_is_judged_by_its_own_rule(pyt
     assert "test_at_and_around_the_max_capture_size[dense-top-buckets-FULL]" in ran
 
 
-def test_a_grid_that_reaches_the_token_budget_is_not_sent_more(pytester, one_thread):
+def test_a_grid_that_reaches_the_token_budget_is_not_sent_more(pytester):
     """Sizes up to the budget the engine was built with: no suite sends a batch above it."""
     report = run_suites(pytester, "GridToTheBudget", ["test_fallback.py", "test_replay_equivalence.py"])
     assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
 
 
-def test_a_mode_rejected_at_build_is_taken_on_the_runtimes_word_where_nothing_can_check_it(pytester, one_thread):
+def test_a_mode_rejected_at_build_is_taken_on_the_runtimes_word_where_nothing_can_check_it(pytester):
     report = run_suites(pytester, "RejectsFullDeclaringNoBackends", ["test_replay_equivalence.py", "test_fallback.py"])
     assert report["complete"] and [t["nodeid"] for t in failures(report)] == []
     skipped = [t for t in report["tests"] if t["outcome"] == "skipped" and "rejects FULL at build" in t["reason"]]
     assert skipped and all("-FULL]" in t["nodeid"] for t in skipped)
 
 
-def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(pytester, one_thread):
+def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(pytester):
     """A runtime that declares outputs_alias_graph_buffers may hand out views the next step
     overwrites; the harness, its caller, copies what it keeps."""
     report = run_suites(pytester, "AliasedOutputs", ["test_replay_equivalence.py", "test_static_addresses.py"])
@@ -145,7 +135,7 @@ def test_outputs_that_alias_graph_buffers_as_declared_are_copied_by_the_harness(
 
 
 @pytest.mark.parametrize("variant", sorted(MUST_CATCH))
-def test_the_suites_catch_the_broken_variant(pytester, record_property, one_thread, variant):
+def test_the_suites_catch_the_broken_variant(pytester, record_property, variant):
     suite, words = MUST_CATCH[variant]
     failed = failures(run_suites(pytester, variant, [suite]))
     record_property("caught_by", sorted({Path(t["nodeid"].split("::")[0]).name for t in failed}))

@@ -103,14 +103,8 @@ def quoted_failure(doc: Path) -> str:
 
 
 def run_off_by_three(pytester, *extra: str) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pytester.runpytest(str(ROOT / OFF_BY_THREE), "--runtime", "tests.broken_example_engines:BucketOffByThree",
-                           "--rootdir", str(ROOT), "--report-dir", "out", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           *extra)
-    finally:
-        torch.set_num_threads(threads)
+    pytester.runpytest(str(ROOT / OFF_BY_THREE), "--runtime", "tests.broken_example_engines:BucketOffByThree",
+                       "--rootdir", str(ROOT), "--report-dir", "out", "-p", "no:cacheprovider", "-p", "no:xdist", *extra)
     return json.loads((pytester.path / "out" / "conformance-bucket-off-by-three.json").read_text())
 
 

@@ -3,8 +3,6 @@ and skips the rest with a reason that names the capability it lacks."""
 import json
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 
@@ -12,14 +10,9 @@ SUITES = ROOT / "suites"
 def test_minimal_runtime_passes_what_it_declares(pytester):
     assert len((ROOT / "examples" / "minimal_runtime.py").read_text().splitlines()) <= 170
     report_dir = pytester.path / "report"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: threads only oversubscribe a busy machine
-    try:
-        result = pytester.runpytest(
-            str(SUITES), "--runtime", "examples.minimal_runtime:MinimalRuntime", "--report-dir", str(report_dir),
-            "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(ROOT))
-    finally:
-        torch.set_num_threads(threads)
+    result = pytester.runpytest(
+        str(SUITES), "--runtime", "examples.minimal_runtime:MinimalRuntime", "--report-dir", str(report_dir),
+        "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(ROOT))
     report = json.loads((report_dir / "conformance-minimal.json").read_text())
     outcomes = {t["outcome"] for t in report["tests"]}
     assert result.ret == 0, result.stdout.str()[-3000:]
