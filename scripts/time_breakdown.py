@@ -29,7 +29,7 @@ environment to time CI's hypothesis profile (100 examples instead of 30).
 
 --targets runs the README's two commands (every test under CI's profile, and the suites against
 the reference runtime) --runs times each, and says whether each run met its target in loop-times
-(TARGETS). With --out DIR it writes there what the README's figures are rendered from
+(TARGETS), with the CPU the run used and the least wall time that allows on the machine's cores. With --out DIR it writes there what the README's figures are rendered from
 (scripts/figures.py): each command's last log, the log of any run that failed (NAME-runN-failed.txt,
 not a .log: the figures read only the last runs), the line of every run (targets.txt) and the
 machine (host.txt).
@@ -151,6 +151,12 @@ def timed_run(command: list[str], env: dict | None = None) -> Run:
     return Run(result, wall, yardstick, started, cpu)
 
 
+def machine_cores() -> int:
+    from harness.session.machine import cores  # importable once main() has put the checkout on the path
+
+    return cores()
+
+
 class CpuUse(NamedTuple):
     nodeid: str
     own: float  # CPU seconds of the test's process, from its start to its end
@@ -226,8 +232,6 @@ def cpu_breakdown(total: float, tests: list[CpuUse], yardstick: Yardstick) -> st
     machine's cores, the tests' share (their own processes, and those they waited for) per file and
     by test, and the rest (start-up, collection, the end, the xdist controller, and processes a test
     started that were waited for only after it: a data-parallel rank pool's, at the process's exit)."""
-    from harness.session.machine import cores as machine_cores
-
     cores = machine_cores()
     own, waited = sum(t.own for t in tests), sum(t.waited for t in tests)
     lines = [f"\nCPU {yardstick.both(total)} in the run's processes (those waited for); on {cores} cores its wall "
@@ -283,9 +287,12 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
-def run_line(run: int, name: str, summary: str, wall: float, yardstick: Yardstick, target: float, verdict: str) -> str:
-    """One run of one command in targets.txt (scripts/figures.py reads it back: TARGET_RUN)."""
-    return (f"run {run} {name}: {summary}; {wall:.1f} s wall, the loop {yardstick.before:.2f} s before and "
+def run_line(run: int, name: str, summary: str, wall: float, cpu: float, cores: int, yardstick: Yardstick,
+             target: float, verdict: str) -> str:
+    """One run of one command in targets.txt (scripts/figures.py reads it back: TARGET_RUN), with the
+    CPU it used and the least wall time that allows on the machine's cores (cpu_breakdown)."""
+    return (f"run {run} {name}: {summary}; {wall:.1f} s wall, {cpu:.1f} s CPU (on {cores} cores at least "
+            f"{yardstick.times(cpu / cores):.1f} loop-times), the loop {yardstick.before:.2f} s before and "
             f"{yardstick.after:.2f} s after: {yardstick.times(wall):.1f} loop-times (target {target:g}): {verdict}")
 
 
@@ -297,12 +304,12 @@ def targets(runs: int, out: Path | None) -> None:
     for run in range(1, runs + 1):
         for name, title, args, env, target in TARGETS:
             command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
-            result, wall, yardstick, *_ = timed_run(command, env)
+            result, wall, yardstick, _, cpu = timed_run(command, env)
             loop_times = yardstick.times(wall)
             ok = result.returncode == 0 and loop_times <= target
             met[name] += ok
             verdict = "met" if ok else "NOT MET" if result.returncode == 0 else f"pytest exit {result.returncode}"
-            line = run_line(run, name, outcome(result.stdout), wall, yardstick, target, verdict)
+            line = run_line(run, name, outcome(result.stdout), wall, cpu, machine_cores(), yardstick, target, verdict)
             print(line, flush=True)
             lines.append(line)
             logs[name] = result.stdout + result.stderr

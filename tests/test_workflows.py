@@ -188,8 +188,10 @@ def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
 
     yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
     yardstick.before, yardstick.after = 1.0, 1.2
-    lines = [time_breakdown.run_line(1, "first-command", "342 passed, 49 skipped in 9.23s", 9.9, yardstick, 4.5, "NOT MET"),
-             time_breakdown.run_line(2, "first-command", "342 passed, 49 skipped in 4.1s", 4.4, yardstick, 4.5, "met")]
+    lines = [time_breakdown.run_line(1, "first-command", "342 passed, 49 skipped in 9.23s", 9.9, 17.6, 2, yardstick, 4.5,
+                                     "NOT MET"),
+             time_breakdown.run_line(2, "first-command", "342 passed, 49 skipped in 4.1s", 4.4, 8.8, 2, yardstick, 4.5, "met")]
+    assert "17.6 s CPU (on 2 cores at least 8.0 loop-times)" in lines[0]  # 17.6 s over 2 cores, in loop-times of 1.1 s
     (tmp_path / "targets.txt").write_text("2 CPU cores\n" + "\n".join(lines) + "\n")
     assert figures.cpu_targets(tmp_path) == {"first-command": [(9.0, 4.5, False), (4.0, 4.5, True)]}
     assert figures.cpu_targets(tmp_path / "nowhere") == {}
