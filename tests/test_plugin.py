@@ -12,6 +12,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 from hypothesis import settings
 
 USAGE_ERROR = pytest.ExitCode.USAGE_ERROR
@@ -684,7 +685,7 @@ def test_invalid_bounds_are_usage_errors(pytester, entry, message):
 # -- usage errors and readable failures ------------------------------------------------------------
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_graph_backend_cuda_without_cuda_is_one_usage_error(pytester):
     pytester.makepyfile("def test_x(): pass\ndef test_y(): pass")
     result = pytester.runpytest("--graph-backend", "cuda")
@@ -696,8 +697,6 @@ def test_a_session_on_the_cpu_computes_on_one_thread_outside_xdist_too(pytester)
     """machine.share: the emulator's small matrices gain nothing from a thread on every core, which
     would only spin (reports/cpu/2026-12-03-speed-7/experiments.txt): in a session of one process as in
     each xdist worker."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # as torch starts on a machine of two cores or more (this worker computes on one)
     try:
