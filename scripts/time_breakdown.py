@@ -29,10 +29,10 @@ environment to time CI's hypothesis profile (100 examples instead of 30).
 
 --targets runs the README's two commands (every test under CI's profile, and the suites against
 the reference runtime) --runs times each, and says whether each run met its target in loop-times
-(TARGETS), with the CPU the run used and the least wall time that allows on the machine's cores. With --out DIR it writes there what the README's figures are rendered from
-(scripts/figures.py): each command's last log, the log of any run that failed (NAME-runN-failed.txt,
-not a .log: the figures read only the last runs), the line of every run (targets.txt) and the
-machine (host.txt).
+(TARGETS), with the CPU the run used and the least wall time that allows on the machine's cores.
+With --out DIR it writes there what the README's figures are rendered from (scripts/figures.py):
+each command's last log, the log of any run that failed (NAME-runN-failed.txt, not a .log: the
+figures read only the last runs), the line of every run (targets.txt) and the machine (host.txt).
 """
 from __future__ import annotations
 

@@ -41,11 +41,10 @@ def pytest_configure(config):
     import reference_runtime.adapter  # noqa: F401
     import reference_runtime.engine.runner  # noqa: F401
 
-    # The self-tests' sessions run in the worker itself; the suites' graph_backend fixture would
-    # give the worker its share of the machine only in a session that asks for it. One thread per
-    # worker, as machine.share gives: two workers on two cores, and the model's tensors are tiny.
-    if hasattr(config, "workerinput"):
-        torch.set_num_threads(1)
+    # The self-tests compute in this process outside any session too; the suites' graph_backend
+    # fixture gives a process one thread only in a session that asks for it. One thread here as
+    # well, as machine.share gives every session on the CPU: the models are tiny.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

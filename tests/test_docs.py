@@ -61,11 +61,7 @@ def run_python_blocks(doc: Path, tmp_path) -> None:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_python_snippet_runs_or_is_a_checked_excerpt(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    try:
-        run_python_blocks(doc, tmp_path)
-    finally:
-        torch.set_num_threads(threads)
+    run_python_blocks(doc, tmp_path)
 
 
 def test_a_snippet_that_fails_or_an_excerpt_that_drifted_is_caught(tmp_path):
