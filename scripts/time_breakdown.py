@@ -15,12 +15,13 @@ seconds do not. Every figure is printed in both.
 Without --profile: the run's wall time, the summed time of its tests (with N workers the wall
 time is about that over N, plus start-up and collection), the run split at its first test's start
 and its last test's end (scripts/lib/session_phases.py), the time per file and the slowest tests,
-from pytest's --durations. Then the CPU time of the run's processes (those waited for: the
-workers, each test's subprocesses), the least wall time it allows on this machine's cores, and
-where it went: in the tests (each test's own process, and the processes it waited for), per
-file and by test, and outside them (start-up, collection, the end, and processes a test started
-that were waited for only after it, as a rank pool's are at exit). On a machine whose cores are
-all busy the CPU time is what a run costs; a test's wall time also holds what it waited for.
+from pytest's --durations. Then the CPU time of every process of the run (the workers, each
+test's subprocesses, and the orphans: processes whose parent ended first, which this script
+adopts as Linux's child subreaper and reaps), the least wall time it allows on this machine's
+cores, and where it went: in the tests (each test's own process, and the processes it waited
+for), per file and by test, and outside them (start-up, collection, the end, and processes a test
+started that ended after it, as a rank pool's do at exit). On a machine whose cores are all busy
+the CPU time is what a run costs; a test's wall time also holds what it waited for.
 
 With --profile the run is serial and ~1.5x slower: seconds spent in each named cost below. The
 costs nest (captures are part of engine builds, and both happen inside the in-process sessions of
@@ -53,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S+)")
 OUTCOME = re.compile(r"\d+ (passed|failed|errors?|skipped)\b.* in \d")
 LOOP_ADDITIONS = 20_000_000
+ORPHAN_WAIT_S = 30.0  # how long a run's orphans get to end once it is over (nothing a run starts should outlive it)
 
 # The README's two commands (log name, what it is, pytest arguments, environment, the most loop-times it may take).
 TARGETS = (
@@ -129,12 +131,21 @@ def outcome(stdout: str) -> str:
     return next((line.strip("= ") for line in reversed(stdout.splitlines()) if OUTCOME.search(line)), "(no summary line)")
 
 
+class Orphans(NamedTuple):
+    """The run's processes that outlived the process that started them, adopted by this one."""
+
+    ended: int  # reaped here once the run was over
+    cpu: float  # their user and system seconds (and those of what they reaped)
+    running: list[int]  # still running ORPHAN_WAIT_S after the run: not counted
+
+
 class Run(NamedTuple):
     result: subprocess.CompletedProcess
     wall: float  # seconds
     yardstick: Yardstick  # timed just before and just after
     started: float  # time.time()
-    cpu: float  # user and system seconds of every process of the run that was waited for
+    cpu: float  # user and system seconds of every process of the run that ended: waited for, or adopted orphans
+    orphans: Orphans | None  # None: this system cannot adopt them, and their CPU is not counted
 
 
 def _children_cpu() -> float:
@@ -142,13 +153,42 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def reap_orphans(timeout: float) -> tuple[int, list[int]]:
+    """Wait up to `timeout` for the run's orphans, adopted by this process, to end: (how many were
+    reaped, the pids of those still running)."""
+    from harness.reliability.processes import descendants  # importable once main() has put the checkout on the path
+
+    reaped, deadline = 0, time.monotonic() + timeout
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # none left
+            return reaped, []
+        if pid:
+            reaped += 1
+        elif time.monotonic() > deadline:
+            return reaped, sorted(process.pid for process in descendants().values())
+        else:
+            time.sleep(0.05)
+
+
 def timed_run(command: list[str], env: dict | None = None) -> Run:
+    from harness.reliability.processes import become_subreaper
+
     yardstick = Yardstick()
+    # Orphans of the run (a process whose parent ended first, as a rank pool's fork server once its
+    # xdist worker is gone) come to this process instead of to init: reaped here, their CPU counts.
+    adopting = become_subreaper()
     started, start, cpu = time.time(), time.monotonic(), _children_cpu()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall, cpu = time.monotonic() - start, _children_cpu() - cpu
+    wall, waited = time.monotonic() - start, _children_cpu()
+    orphans = None
+    if adopting:
+        ended, running = reap_orphans(ORPHAN_WAIT_S)
+        orphans = Orphans(ended, _children_cpu() - waited, running)
+    cpu = _children_cpu() - cpu
     yardstick.close()
-    return Run(result, wall, yardstick, started, cpu)
+    return Run(result, wall, yardstick, started, cpu, orphans)
 
 
 def machine_cores() -> int:
@@ -223,19 +263,30 @@ def durations(args: list[str]) -> None:
     print("\nslowest tests:")
     for nodeid, seconds in sorted(tests.items(), key=lambda item: -item[1])[:20]:
         print(f"  {seconds:7.1f} s {yardstick.times(seconds):6.2f} lt  {nodeid}")
-    print(cpu_breakdown(run.cpu, cpu, yardstick))
+    print(cpu_breakdown(run, cpu))
     sys.exit(result.returncode)
 
 
-def cpu_breakdown(total: float, tests: list[CpuUse], yardstick: Yardstick) -> str:
+def counted(orphans: Orphans | None) -> str:
+    """Which of the run's processes its CPU time counts."""
+    if orphans is None:
+        return "those waited for; this system cannot adopt the run's orphans, whose CPU is left out"
+    text = f"every one that ended, {orphans.ended} orphans adopted here among them ({orphans.cpu:.1f} s)"
+    if orphans.running:
+        text += (f"; {len(orphans.running)} still running {ORPHAN_WAIT_S:g} s after the run, left out "
+                 f"(pids {' '.join(map(str, orphans.running))})")
+    return text
+
+
+def cpu_breakdown(run: Run, tests: list[CpuUse]) -> str:
     """Where the run's CPU time went: its processes' total, the least wall time it allows on this
     machine's cores, the tests' share (their own processes, and those they waited for) per file and
     by test, and the rest (start-up, collection, the end, the xdist controller, and processes a test
-    started that were waited for only after it: a data-parallel rank pool's, at the process's exit)."""
-    cores = machine_cores()
+    started that ended after it: a data-parallel rank pool's fork server and ranks, at the process's exit)."""
+    cores, total, yardstick = machine_cores(), run.cpu, run.yardstick
     own, waited = sum(t.own for t in tests), sum(t.waited for t in tests)
-    lines = [f"\nCPU {yardstick.both(total)} in the run's processes (those waited for); on {cores} cores its wall "
-             f"time can be no less than {yardstick.both(total / cores)}",
+    lines = [f"\nCPU {yardstick.both(total)} in the run's processes ({counted(run.orphans)}); on {cores} cores its "
+             f"wall time can be no less than {yardstick.both(total / cores)}",
              f"in the tests {yardstick.both(own + waited)} ({own:.1f} s in their own processes, {waited:.1f} s in "
              f"processes they waited for); outside them {yardstick.both(total - own - waited)} (start-up, "
              f"collection, the end, and processes a test started that ended after it)"]
@@ -304,12 +355,14 @@ def targets(runs: int, out: Path | None) -> None:
     for run in range(1, runs + 1):
         for name, title, args, env, target in TARGETS:
             command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
-            result, wall, yardstick, _, cpu = timed_run(command, env)
+            result, wall, yardstick, _, cpu, orphans = timed_run(command, env)
             loop_times = yardstick.times(wall)
             ok = result.returncode == 0 and loop_times <= target
             met[name] += ok
             verdict = "met" if ok else "NOT MET" if result.returncode == 0 else f"pytest exit {result.returncode}"
             line = run_line(run, name, outcome(result.stdout), wall, cpu, machine_cores(), yardstick, target, verdict)
+            if orphans is None or orphans.running:
+                line += f"\n  its CPU counts {counted(orphans)}"
             print(line, flush=True)
             lines.append(line)
             logs[name] = result.stdout + result.stderr

@@ -128,6 +128,7 @@ def test_ci_fails_when_no_test_runs(tmp_path):
 
 
 BUSY = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
+ORPHAN = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1)\\n' + {BUSY!r}])\n"
 
 
 def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
@@ -139,14 +140,17 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
                                           "def test_fast():\n    pass\n")
     (tmp_path / "test_cpu.py").write_text(
         f"import subprocess, sys\n\ndef test_busy():\n    exec({BUSY!r}, {{}})\n\n"
-        f"def test_busy_child():\n    subprocess.run([sys.executable, '-c', {BUSY!r}], check=True)\n")
+        f"def test_busy_child():\n    subprocess.run([sys.executable, '-c', {BUSY!r}], check=True)\n\n"
+        # A child that starts a busy process and does not wait for it: an orphan, which ends after pytest.
+        f"def test_busy_orphan():\n    subprocess.run([sys.executable, '-c', {ORPHAN!r}], check=True)\n")
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "time_breakdown.py"), "--loop-additions", "2000000",
                              str(tmp_path / "test_two.py"), str(tmp_path / "test_cpu.py"), "-p", "no:xdist",
+                             "-p", "no:cudagraph_conformance",  # which would end the orphan with the session
                              "--rootdir", str(tmp_path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    assert re.match(r"4 passed in ", lines[1])
+    assert re.match(r"5 passed in ", lines[1])
     # At least the sleep's 0.2 s and the busy tests' 0.3 s each, in the tests and between the first's start and the last's end.
     summed = re.match(r"wall \d+\.\d s \(\d+\.\d loop-times\); summed test time (\d+\.\d) s \(\d+\.\d loop-times\)", lines[2])
     assert summed and float(summed[1]) >= 0.8, lines[2]
@@ -160,9 +164,11 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     [sleeper] = [line for line in lines[slowest + 1:slowest + 5] if line.endswith("test_two.py::test_slow")]
     assert float(sleeper.split()[0]) >= 0.2, sleeper
     cpu = next(i for i, line in enumerate(lines) if line.startswith("CPU "))
-    total = re.match(r"CPU (\d+\.\d) s \(\d+\.\d loop-times\) in the run's processes \(those waited for\); on \d+ "
-                     r"cores its wall time can be no less than \d+\.\d s", lines[cpu])
-    assert total and float(total[1]) >= 0.6, lines[cpu]  # the busy tests' 0.3 s each, and pytest's own start
+    total = re.match(r"CPU (\d+\.\d) s \(\d+\.\d loop-times\) in the run's processes \(every one that ended, (\d+) "
+                     r"orphans adopted here among them \((\d+\.\d) s\)\); on \d+ cores its wall time can be no less "
+                     r"than \d+\.\d s", lines[cpu])
+    assert total and float(total[1]) >= 0.9, lines[cpu]  # the busy tests' 0.3 s each, the orphan's, and pytest's own start
+    assert int(total[2]) >= 1 and float(total[3]) >= 0.3, lines[cpu]  # the orphan, reaped by the script
     assert re.match(r"in the tests \d+\.\d s \(.*\) \(\d+\.\d s in their own processes, \d+\.\d s in processes they "
                     r"waited for\); outside them \d+\.\d s", lines[cpu + 1]), lines[cpu + 1]
     by_test = {line.split("::")[-1]: line for line in lines[lines.index("most CPU, by test:") + 1:]}
