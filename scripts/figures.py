@@ -164,10 +164,15 @@ def matrix_section(doc: Path, root: Path) -> str:
 PYTEST_LAST = re.compile(r"^=* ?(?P<counts>\d+ \w+(?:, \d+ \w+)*) in (?P<seconds>[\d.]+)s", re.M)
 
 
+def in_order(folder: str) -> list:
+    """A session folder's sort key: its numbers as numbers, so 2026-12-03-speed-10 comes after -speed-9."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", folder)]
+
+
 def cpu_runs(root: Path) -> dict[str, list[tuple[str, str, float, Path]]]:
     """{kind: [(date, counts, seconds, log)]} from reports/cpu/<date>/<kind>.log, oldest first."""
     found: dict[str, list] = {}
-    for log in sorted((root / CPU).glob("*/*.log")):
+    for log in sorted((root / CPU).glob("*/*.log"), key=lambda log: (in_order(log.parent.name), log.name)):
         last = PYTEST_LAST.findall(log.read_text())
         if last:
             found.setdefault(log.stem, []).append((log.parent.name, last[-1][0], float(last[-1][1]), log))

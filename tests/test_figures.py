@@ -72,6 +72,16 @@ def test_ranges_give_the_newest_beside_the_spread():
     assert figures.spread([None, 1.0], "{:.1f}", " s") == "1.0 s" and figures.spread([], "{}") == "not measured"
 
 
+def test_the_newest_cpu_run_is_the_session_numbered_last(tmp_path):
+    """A session's folders go -speed, -speed-2, ..., -speed-9, -speed-10: by their numbers, not as text."""
+    for folder, seconds in (("2026-12-02-speed", 3.0), ("2026-12-03-speed-9", 2.0), ("2026-12-03-speed-10", 1.0),
+                            ("2026-12-03-speed-2", 4.0)):
+        (tmp_path / figures.CPU / folder).mkdir(parents=True)
+        (tmp_path / figures.CPU / folder / "all-tests.log").write_text(f"1 passed in {seconds}s\n")
+    order = [date for date, *_ in figures.cpu_runs(tmp_path)["all-tests"]]
+    assert order == ["2026-12-02-speed", "2026-12-03-speed-2", "2026-12-03-speed-9", "2026-12-03-speed-10"]
+
+
 def _history_available() -> bool:
     shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
     return shallow.returncode == 0 and shallow.stdout.strip() == "false"
