@@ -181,11 +181,11 @@ def timed_run(command: list[str], env: dict | None = None) -> Run:
     adopting = become_subreaper()
     started, start, cpu = time.time(), time.monotonic(), _children_cpu()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall, waited = time.monotonic() - start, _children_cpu()
+    wall, before_reaping = time.monotonic() - start, _children_cpu()
     orphans = None
     if adopting:
         ended, running = reap_orphans(ORPHAN_WAIT_S)
-        orphans = Orphans(ended, _children_cpu() - waited, running)
+        orphans = Orphans(ended, _children_cpu() - before_reaping, running)
     cpu = _children_cpu() - cpu
     yardstick.close()
     return Run(result, wall, yardstick, started, cpu, orphans)
