@@ -9,6 +9,8 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from harness.graphs import CaptureError, StaleAddressError, make_backend
 
@@ -258,6 +260,38 @@ def test_num_ops_counts_work_not_views(emulated):
         graph.replay(step.inputs)
         counts.add(graph.num_ops)
     assert len(counts) == 1 and graph.num_ops > 5
+
+
+class LaunchedEagerly(TorchDispatchMode):
+    """What an eager run dispatches that makes new memory (a kernel a replay would run), and its bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.bytes = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs]
+        if fresh:
+            self.ops.append(str(func))
+            self.bytes += sum(t.untyped_storage().nbytes() for t in fresh)
+        return out
+
+
+@pytest.mark.parametrize("shapes", [((4,), (2, 4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5))],
+                         ids=["vector@batch", "batch@batch", "batch@matrix"])
+def test_a_capture_records_the_kernels_an_eager_run_launches(emulated, shapes):
+    """Under inference_mode a composite op reaches the emulator whole; it must decompose it as an eager
+    run does (no_grad here, the independent run), not as torch's Python decompositions for tracing do
+    (a vector times a batch of matrices: clone and mv instead of one bmm)."""
+    a, b = (torch.randn(*shape) for shape in shapes)
+    with torch.no_grad(), LaunchedEagerly() as eager:
+        torch.matmul(a, b)
+    with torch.inference_mode():
+        graph = emulated.capture(lambda: torch.matmul(a, b), static_inputs={"a": a, "b": b})
+    assert graph.num_ops == len(eager.ops), eager.ops
+    assert emulated.pool_stats()["bytes"] == eager.bytes
 
 
 def test_long_graph_replays_and_matches_eager(backend):

@@ -84,10 +84,13 @@ def _leaves(tree) -> list:
     return [tree]
 
 
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
 def _is_composite(func) -> bool:
-    """Whether the op has a CompositeImplicitAutograd decomposition (what func.decompose runs)."""
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+    """Whether the op has a C++ CompositeImplicitAutograd kernel: the decomposition an eager run
+    dispatches, and so a CUDA capture records."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,15 +205,15 @@ class _RecordingMode(modes.HarnessMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = _op(func)
-        # Under inference_mode composite ops reach us undecomposed; decompose them with this
-        # mode active so the recorded ops (and hidden syncs) are the same as under no_grad.
+        # Under inference_mode composite ops reach us undecomposed; their C++ kernel decomposes them
+        # with this mode active, so the recorded ops (and hidden syncs) are an eager run's, as under
+        # no_grad. Not func.decompose(): it prefers a Python decomposition torch keeps for tracing,
+        # whose ops can differ (a vector times a batch of matrices: clone and mv, not bmm).
         if op.composite:
             if _returns_its_input(func, args, kwargs):
                 return args[0]
             with self:
-                decomposed = func.decompose(*args, **kwargs)
-            if decomposed is not NotImplemented:
-                return decomposed
+                return func._op_dk(_COMPOSITE, *args, **kwargs)
         if op.checked and (reason := _forbidden_reason(func, args, kwargs)):
             raise CaptureError(f"graph {self.graph_name!r}: {func} {reason}")
         for tensor in _written(op.written, args, kwargs):
