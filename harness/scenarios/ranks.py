@@ -46,9 +46,8 @@ OWNER = "the data-parallel rank pool"  # what harness.reliability.processes call
 # fork from a server that imported torch once.
 START_METHODS = {"gloo": "forkserver", "nccl": "spawn"}
 # Imported once in the CPU lane's fork server, so a rank starts in milliseconds instead of seconds:
-# what every rank needs before it builds an engine, and what torch imports on the first capture of
-# a matmul (its decomposition's shape guards, with sympy), which every rank would import again.
-PRELOAD = ("torch", "torch.distributed", "safetensors.torch", "torch.fx.experimental.symbolic_shapes")
+# what every rank needs before it builds an engine.
+PRELOAD = ("torch", "torch.distributed", "safetensors.torch")
 
 
 class RankFailure(Exception):
