@@ -148,28 +148,19 @@ class Run(NamedTuple):
     orphans: Orphans | None  # None: this system cannot adopt them, and their CPU is not counted
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
+    """User and system seconds of this process's children that ended and were reaped, so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
 def reap_orphans(timeout: float) -> tuple[int, list[int]]:
-    """Wait up to `timeout` for the run's orphans, adopted by this process, to end: (how many were
-    reaped, the pids of those still running)."""
-    from harness.reliability.processes import descendants  # importable once main() has put the checkout on the path
+    """Give the run's orphans, adopted by this process, up to `timeout` to end, and reap them: (how
+    many were reaped, the pids of those still running)."""
+    from harness.reliability import processes  # importable once main() has put the checkout on the path
 
-    reaped, deadline = 0, time.monotonic() + timeout
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:  # none left
-            return reaped, []
-        if pid:
-            reaped += 1
-        elif time.monotonic() > deadline:
-            return reaped, sorted(process.pid for process in descendants().values())
-        else:
-            time.sleep(0.05)
+    running = processes.settled(processes.descendants, timeout)
+    return processes.reap_ended(), sorted(process.pid for process in running.values())
 
 
 def timed_run(command: list[str], env: dict | None = None) -> Run:
@@ -179,14 +170,14 @@ def timed_run(command: list[str], env: dict | None = None) -> Run:
     # Orphans of the run (a process whose parent ended first, as a rank pool's fork server once its
     # xdist worker is gone) come to this process instead of to init: reaped here, their CPU counts.
     adopting = become_subreaper()
-    started, start, cpu = time.time(), time.monotonic(), _children_cpu()
+    started, start, cpu = time.time(), time.monotonic(), children_cpu()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall, before_reaping = time.monotonic() - start, _children_cpu()
+    wall, before_reaping = time.monotonic() - start, children_cpu()
     orphans = None
     if adopting:
         ended, running = reap_orphans(ORPHAN_WAIT_S)
-        orphans = Orphans(ended, _children_cpu() - before_reaping, running)
-    cpu = _children_cpu() - cpu
+        orphans = Orphans(ended, children_cpu() - before_reaping, running)
+    cpu = children_cpu() - cpu
     yardstick.close()
     return Run(result, wall, yardstick, started, cpu, orphans)
 

@@ -398,6 +398,18 @@ class ProcessWatch:
         return end_and_describe(left, lambda p: " (a helper the runtime declared)" if p.key in kept else "")
 
 
+def reap_ended() -> int:
+    """Reap every child of this process that has ended (what a subreaper took in included): how many."""
+    reaped = 0
+    while True:
+        try:
+            if not os.waitpid(-1, os.WNOHANG)[0]:
+                return reaped
+        except ChildProcessError:  # no child at all
+            return reaped
+        reaped += 1
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)

@@ -214,12 +214,7 @@ class Supervisor:
         """What outlived the child (its descendants come back here): given a moment, then ended."""
         left = processes.settled(processes.descendants, processes.AFTER_EXIT_S)
         lines = processes.end_and_describe(list(left.values()))
-        while True:  # everything that ended here is reaped here: nobody else waits for it
-            try:
-                if not os.waitpid(-1, os.WNOHANG)[0]:
-                    break
-            except ChildProcessError:
-                break
+        processes.reap_ended()  # everything that ended here is reaped here: nobody else waits for it
         return lines
 
     def _say(self, message: str, left: list[str], summary: Counter | None = None) -> None:
