@@ -325,8 +325,21 @@ def machine() -> str:
     import torch
 
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "unknown"
-    return (f"{os.cpu_count()} CPU cores, load average {load} before the runs; "
+    return (f"{os.cpu_count()} CPU cores ({processor()}), load average {load} before the runs; "
             f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def processor() -> str:
+    """The CPU's model as Linux names it: hosts of one machine kind differ, and the loop's speed with them."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return platform.processor() or "unknown processor"
+    fields: dict[str, str] = {}
+    for line in info.read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}, {fields.get('cpu MHz', '?')} MHz")
 
 
 def run_line(run: int, name: str, summary: str, wall: float, cpu: float, cores: int, yardstick: Yardstick,
