@@ -76,7 +76,8 @@ COSTS = {
     "other subprocesses (subprocess.run)": ("subprocess.py", "run"),
     "data-parallel rank pools (waiting on ranks)": ("harness/scenarios/ranks.py", "_gather"),
     "report writing": ("harness/reports/report.py", "write"),
-    # The benchmark lane's own (GPU): its profiles, and one-time work of a machine's first run.
+    # The benchmark lane's own (GPU): its profiles, and one-time work of a machine's first run. On the H200
+    # cProfile counted no call of the two profiles (reports/h200/probes/lane_split.py times them instead).
     "CUDA profiles (launch counts)": ("harness/graphs/counting.py", "_count_cuda"),
     "CUDA profiles (kernel floors)": ("harness/graphs/counting.py", "kernel_times_us"),
     "host reference loops (harness.reports.timing)": ("harness/reports/timing.py", "host_reference_ms"),
