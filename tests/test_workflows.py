@@ -203,6 +203,22 @@ def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
     assert figures.cpu_targets(tmp_path / "nowhere") == {}
 
 
+
+def test_the_startup_floor_is_set_against_the_targets_cpu():
+    """startup_floor.py's last line: the start-up, the fork server and what transformers adds to
+    torch (each the least reading), in loop-times of CPU, against what the target allows on the
+    machine's cores, and what is left for the tests."""
+    sys.path[:0] = [str(ROOT / "scripts")]
+    import startup_floor as floor
+    import time_breakdown
+
+    yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
+    yardstick.before, yardstick.after = 1.5, 2.5  # a loop-time of 2 s
+    least = {floor.START_UP: 6.0, floor.FORK_SERVER: 2.0, floor.WITH_LLAMA: 5.0, floor.TORCH: 2.0}
+    line = floor.floor_line(least, yardstick, 2, 4.5)
+    assert line.startswith("floor: start-up 3.0 + fork server 1.0 + transformers over torch 1.5 = 5.5 loop-times")
+    assert "allow 9.0, leaving 3.5 loop-times of CPU (7.0 s)" in line and "a loop-time is 2.00 s" in line
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_the_step_breakdown_script_says_it_needs_a_gpu():
     """scripts/step_breakdown.py times the device; without one it says so (no traceback)."""
