@@ -48,7 +48,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))  # machine_cores() reads harness.session.machine from this checkout
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     print(f"# python scripts/startup_floor.py at {commit or 'unknown'}; CPU = user + sys of the command's processes")
-    print(f"# {machine_cores()} cores ({processor()})")
+    cores = machine_cores()
+    print(f"# {cores} cores ({processor()})")
     yardstick = Yardstick()
     print(f"# the yardstick loop before: {yardstick.before:.2f} s")
     least: dict[str, float] = {}
@@ -62,7 +63,7 @@ def main() -> None:
     yardstick.close()
     print(f"# the yardstick loop after: {yardstick.after:.2f} s")
     (target,) = [target for name, *_, target in TARGETS if name == "first-command"]
-    print(floor_line(least, yardstick, machine_cores(), target))
+    print(floor_line(least, yardstick, cores, target))
 
 
 if __name__ == "__main__":

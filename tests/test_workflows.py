@@ -203,7 +203,6 @@ def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
     assert figures.cpu_targets(tmp_path / "nowhere") == {}
 
 
-
 def test_the_startup_floor_is_set_against_the_targets_cpu():
     """startup_floor.py's last line: the start-up, the fork server and what transformers adds to
     torch (each the least reading), in loop-times of CPU, against what the target allows on the
@@ -218,6 +217,7 @@ def test_the_startup_floor_is_set_against_the_targets_cpu():
     line = floor.floor_line(least, yardstick, 2, 4.5)
     assert line.startswith("floor: start-up 3.0 + fork server 1.0 + transformers over torch 1.5 = 5.5 loop-times")
     assert "allow 9.0, leaving 3.5 loop-times of CPU (7.0 s)" in line and "a loop-time is 2.00 s" in line
+
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_the_step_breakdown_script_says_it_needs_a_gpu():
