@@ -1,5 +1,6 @@
 """A linter for the CI workflow files and the scripts they call (no network: actionlint is not
 installable here, so the rules that matter are checked directly)."""
+import importlib
 import os
 import re
 import shutil
@@ -185,15 +186,26 @@ def test_the_time_breakdown_script_reads_a_real_run(tmp_path):
     assert misused.returncode == 2 and "give no pytest arguments" in misused.stderr
 
 
+def scripts(name: str):
+    """A module of scripts/ (not a package: each script puts its neighbours on the path as it runs)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    return importlib.import_module(name)
+
+
+def timed_loop(before: float, after: float):
+    """A time_breakdown.Yardstick whose loop took `before` and `after` seconds, without timing it."""
+    yardstick_type = scripts("time_breakdown").Yardstick
+    yardstick = yardstick_type.__new__(yardstick_type)
+    yardstick.before, yardstick.after = before, after
+    return yardstick
+
+
 def test_a_targets_line_is_read_back_by_the_figures(tmp_path):
     """time_breakdown.py --targets writes one line a run (targets.txt); scripts/figures.py reads the
     loop-times, the target and the verdict back from it for the README's table."""
-    sys.path[:0] = [str(ROOT / "scripts")]
-    import figures
-    import time_breakdown
-
-    yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
-    yardstick.before, yardstick.after = 1.0, 1.2
+    figures, time_breakdown = scripts("figures"), scripts("time_breakdown")
+    yardstick = timed_loop(1.0, 1.2)
     lines = [time_breakdown.run_line(1, "first-command", "342 passed, 49 skipped in 9.23s", 9.9, 17.6, 2, yardstick, 4.5,
                                      "NOT MET"),
              time_breakdown.run_line(2, "first-command", "342 passed, 49 skipped in 4.1s", 4.4, 8.8, 2, yardstick, 4.5, "met")]
@@ -207,12 +219,8 @@ def test_the_startup_floor_is_set_against_the_targets_cpu():
     """startup_floor.py's last line: the start-up, the fork server and what transformers adds to
     torch (each the least reading), in loop-times of CPU, against what the target allows on the
     machine's cores, and what is left for the tests."""
-    sys.path[:0] = [str(ROOT / "scripts")]
-    import startup_floor as floor
-    import time_breakdown
-
-    yardstick = time_breakdown.Yardstick.__new__(time_breakdown.Yardstick)
-    yardstick.before, yardstick.after = 1.5, 2.5  # a loop-time of 2 s
+    floor = scripts("startup_floor")
+    yardstick = timed_loop(1.5, 2.5)  # a loop-time of 2 s
     least = {floor.START_UP: 6.0, floor.FORK_SERVER: 2.0, floor.WITH_LLAMA: 5.0, floor.TORCH: 2.0}
     line = floor.floor_line(least, yardstick, 2, 4.5)
     assert line.startswith("floor: start-up 3.0 + fork server 1.0 + transformers over torch 1.5 = 5.5 loop-times")
