@@ -113,7 +113,7 @@ if __name__ == "__main__":
         processes.terminate = lambda started: None
     ranks.pool(2, "emulated")
     servers = [p for p in processes.descendants().values()  # the ranks are its children, with its command line
-               if p.ppid == os.getpid() and "multiprocessing.forkserver" in p.command()]
+               if p.ppid == os.getpid() and "multiprocessing.forkserver" in " ".join(p.argv())]
     print(" ".join(str(p.pid) for p in servers))
 '''
 

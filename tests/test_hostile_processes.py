@@ -24,7 +24,7 @@ pytestmark = linux_only  # processes are read through /proc; the deaths are POSI
 
 def sleepers() -> list[str]:
     """`sleep 120` processes still running below this process (an inner run's leftovers come back here)."""
-    return [p.command() for p in processes.descendants().values() if p.command().endswith("sleep 120")]
+    return [p.command() for p in processes.descendants().values() if " ".join(p.argv()).endswith("sleep 120")]
 
 
 # -- 6. processes left running -------------------------------------------------------------------
@@ -306,6 +306,24 @@ def test_a_process_that_ignores_sigterm_is_killed():
         child.kill()
         child.wait()
         processes.end(list(processes.descendants().values()), grace=0.1)
+
+
+def test_a_long_command_line_is_matched_whole_and_shown_by_its_two_ends():
+    """What names a program can sit past the middle of a long command line (an interpreter deep in a
+    virtual environment, then its -c program): argv() has every word to match on; command(), for
+    messages, keeps the two ends and says how much it cut."""
+    padding = "x" * 200
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", padding, "in-the-middle", padding])
+    try:
+        (found,) = [p for p in processes.descendants().values() if p.pid == child.pid]
+        deadline = time.monotonic() + 5
+        while found.argv()[-1:] != [padding] and time.monotonic() < deadline:  # between fork and exec
+            time.sleep(0.02)
+        assert found.argv()[-3:] == [padding, "in-the-middle", padding]
+        assert "in-the-middle" not in found.command() and "characters cut" in found.command()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_walk_down_the_childrens_files_finds_what_the_scan_of_every_process_finds(monkeypatch):

@@ -51,14 +51,20 @@ class Process:
     def key(self) -> Key:
         return self.pid, self.start
 
-    def command(self) -> str:
+    def argv(self) -> list[str]:
+        """Its whole command line, word by word: what to match on. Empty once it has exited, and for
+        a process with no command line (a kernel thread, or one between fork and exec)."""
         try:
             with open(f"/proc/{self.pid}/cmdline", "rb") as f:
-                words = f.read(4096).rstrip(b"\0").split(b"\0")
+                words = f.read().rstrip(b"\0").split(b"\0")
         except OSError:
-            return "<gone>"
-        text = " ".join(w.decode("utf-8", "replace") for w in words if w)
-        return bounded(text or self._comm(), 160)
+            return []
+        return [w.decode("utf-8", "replace") for w in words if w]
+
+    def command(self) -> str:
+        """Its command line for a message: its two ends where it is long (an interpreter's path of a
+        deep virtual environment, say, can push what names the program into the cut)."""
+        return bounded(" ".join(self.argv()) or self._comm(), 160)
 
     def _comm(self) -> str:
         try:
