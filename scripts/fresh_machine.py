@@ -1,7 +1,9 @@
 """What a newcomer meets: the README's two set-up commands, as the README writes them, in a fresh
 clone with a fresh virtual environment, so that pip takes the newest releases the project's
 ranges allow. CI's machine keeps what it has installed and does not see a new release of a
-dependency (pytest, hypothesis, pytest-benchmark, transformers) break a test; this does.
+dependency (pytest, hypothesis, pytest-benchmark, transformers) break a test; this does. The clone
+sits in a deep folder and the environment in the clone's `.venv`, as a newcomer's would: a test
+that reads a command line, a path or a message cut to its two ends meets a long one.
 
     python scripts/fresh_machine.py OUT [--ref REF] [--python PYTHON]
 
@@ -72,18 +74,20 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fresh-machine-"))
     try:
-        checkout = work / "checkout"
+        checkout = work / "home" / "a-newcomer" / "projects" / "cudagraph-conformance"
+        checkout.parent.mkdir(parents=True)
         subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(checkout)], check=True)
         subprocess.run(["git", "checkout", "--quiet", commit], cwd=checkout, check=True)
         commands = setup_commands((checkout / "README.md").read_text())
-        env = fresh_environment(args.python, work / "venv")
+        venv = checkout / ".venv"
+        env = fresh_environment(args.python, venv)
         lines = [f"commit {commit}, a fresh clone and virtual environment ({args.python})"]
         failed = False
         for number, command in enumerate(commands, 1):
             status, seconds = run(command, checkout, env, args.out / f"command-{number}.log")
             lines.append(f"command {number}: {command}: exit {status}, {seconds:.1f} s wall")
             failed |= status != 0
-        freeze = subprocess.run([str(work / "venv" / "bin" / "python"), "-m", "pip", "freeze", "--exclude-editable"],
+        freeze = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "freeze", "--exclude-editable"],
                                 env=env, capture_output=True, text=True).stdout
         (args.out / "versions.txt").write_text(freeze)
         (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
