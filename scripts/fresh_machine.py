@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             status, seconds = run(command, checkout, env, args.out / f"command-{number}.log")
             lines.append(f"command {number}: {command}: exit {status}, {seconds:.1f} s wall")
             failed |= status != 0
-        freeze = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "freeze", "--exclude-editable"],
+        freeze = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "freeze", "--all", "--exclude-editable"],
                                 env=env, capture_output=True, text=True).stdout
         (args.out / "versions.txt").write_text(freeze)
         (args.out / "summary.txt").write_text("\n".join(lines) + "\n")

@@ -7,6 +7,14 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
+# The self-tests build the project's wheel offline with this environment's setuptools, the backend
+# pyproject.toml names (from 70.1 it builds wheels without the `wheel` package); a virtual
+# environment of Python 3.12 or newer has none, and one of 3.11 an older one.
+if ! "$PYTHON" -c "import setuptools, sys; sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" \
+        >/dev/null 2>&1; then
+    "$PYTHON" -m pip install --quiet "setuptools>=70.1" \
+        || echo "install.sh: could not install setuptools>=70.1 (offline?); the self-tests that build the wheel need it" >&2
+fi
 "$PYTHON" -m pip install --quiet --no-build-isolation -e . 2>/dev/null \
     || "$PYTHON" -m pip install --quiet -e .
 # The runtime plugins and the example engine, as third parties would ship them (vLLM itself is

@@ -5,8 +5,9 @@ same tests, the same outcomes, the same suites digest in the report.
 
 The build and the environment are made once for a test run: an sdist from the tree, a wheel from
 the sdist (what `python -m build` does, offline: `--no-build-isolation` uses the installed
-setuptools), and a virtual environment with `--system-site-packages` (torch, transformers, pytest
-and hypothesis come from the machine; no network) holding the wheel and the example engine.
+setuptools), and a virtual environment holding the wheel and the example engine, which sees the
+packages of the environment running the tests behind its own (torch, transformers, pytest and
+hypothesis; no network).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import configparser
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -138,10 +140,17 @@ def build(base: Path) -> dict[str, str]:
 
 
 def make_venv(built: dict[str, Path], base: Path) -> str:
-    """A fresh environment with the wheel and the example engine (the machine's torch and pytest)."""
+    """A fresh environment with the wheel and the example engine, and behind its own packages this
+    environment's: its site directories, added by a .pth file as the interpreter adds its own (their
+    .pth files run too). `--system-site-packages` would add the base interpreter's instead, which
+    lack torch and pytest where the tests run in a virtual environment, as a newcomer's do."""
     env = base / "env"
-    check_run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)], cwd=base)
+    check_run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=base)
     python = env / "bin" / "python"
+    own = check_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=base).stdout
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (Path(own.strip()) / "tests-environment.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in ours if Path(path).is_dir()))
     check_run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
                "--no-build-isolation", "--ignore-installed", "-q", str(built["wheel"]), str(built["example"])],
               cwd=base)
