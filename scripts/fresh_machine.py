@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fresh-machine-"))
     try:
-        checkout = work / "home" / "a-newcomer" / "projects" / "cudagraph-conformance"
+        checkout = work / "home" / "a newcomer" / "projects" / "cudagraph-conformance"
         checkout.parent.mkdir(parents=True)
         subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(checkout)], check=True)
         subprocess.run(["git", "checkout", "--quiet", commit], cwd=checkout, check=True)
