@@ -2,8 +2,9 @@
 clone with a fresh virtual environment, so that pip takes the newest releases the project's
 ranges allow. CI's machine keeps what it has installed and does not see a new release of a
 dependency (pytest, hypothesis, pytest-benchmark, transformers) break a test; this does. The clone
-sits in a deep folder and the environment in the clone's `.venv`, as a newcomer's would: a test
-that reads a command line, a path or a message cut to its two ends meets a long one.
+sits in a deep folder with a space in its name and the environment in the clone's `.venv`, as a
+newcomer's may: a test that splits a path on spaces, puts one in a shell command unquoted, or
+matches a command line cut to its two ends for a message meets one that breaks it.
 
     python scripts/fresh_machine.py OUT [--ref REF] [--python PYTHON]
 

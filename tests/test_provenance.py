@@ -29,7 +29,7 @@ def commit_tree(path: Path) -> str:
 
 @pytest.fixture
 def project_tree(tmp_path) -> Path:
-    tree = tmp_path / "project"
+    tree = tmp_path / "my project"  # a space, as in many a user's path: git's answer is read by line
     tree.mkdir()
     shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
     return tree

@@ -3,6 +3,7 @@ installable here, so the rules that matter are checked directly)."""
 import importlib
 import os
 import re
+import shlex
 import shutil
 import sys
 import subprocess
@@ -262,16 +263,17 @@ def test_the_gpu_scripts_keep_compiled_bytecode_where_the_machine_would_not(tmp_
     if dont_write:
         env["PYTHONDONTWRITEBYTECODE"] = dont_write
     (tmp_path / "probe_module.py").write_text("VALUE = 1\n")
-    show = "import sys, probe_module; print(sys.flags.dont_write_bytecode, sys.pycache_prefix)"
-    result = subprocess.run(["bash", "-c", f"source scripts/lib/bytecode_cache.sh && cd {tmp_path} && "
-                             f"{sys.executable} -c '{show}'"], cwd=ROOT, env=env, capture_output=True, text=True)
+    show = "import sys, probe_module; print(sys.flags.dont_write_bytecode, sys.pycache_prefix, sep=chr(10))"
+    result = subprocess.run(["bash", "-c", f"source scripts/lib/bytecode_cache.sh && cd {shlex.quote(str(tmp_path))} && "
+                             f"{shlex.quote(sys.executable)} -c {shlex.quote(show)}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     cache = tmp_path / ".cache" / "cudagraph-conformance" / "pycache"
     if dont_write:
-        assert result.stdout.split() == ["0", str(cache)]
+        assert result.stdout.splitlines() == ["0", str(cache)]
         assert list(cache.rglob("probe_module.*.pyc")), "the imported module's bytecode is in the cache"
     else:
-        assert result.stdout.split() == ["0", "None"]
+        assert result.stdout.splitlines() == ["0", "None"]
         assert not cache.exists()
 
 

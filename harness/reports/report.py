@@ -99,7 +99,7 @@ def git_commit(top: Path | None = None) -> str:
     top = project_root() if top is None else top
     if not is_project_checkout(top):
         return UNKNOWN_COMMIT
-    lines = (_git(top, "rev-parse", "--show-toplevel", "HEAD") or "").split()
+    lines = (_git(top, "rev-parse", "--show-toplevel", "HEAD") or "").splitlines()
     if len(lines) != 2 or len(lines[1]) != 40:
         return UNKNOWN_COMMIT
     return lines[1] if Path(lines[0]).resolve() == top.resolve() else UNKNOWN_COMMIT
