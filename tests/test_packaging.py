@@ -185,7 +185,7 @@ def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_
     work = tmp_path / "engine-repo"
     work.mkdir()
     where = check_run([str(venv / "bin" / "python"), "-c", "import harness, cudagraph_conformance.run as r; "
-                       "print(harness.__file__); print(r.suites_root())"], cwd=work).stdout.split()
+                       "print(harness.__file__); print(r.suites_root())"], cwd=work).stdout.splitlines()
     assert all(Path(path).is_relative_to(venv) for path in where), where  # not this checkout
 
     check_run([str(venv / "bin" / "cudagraph-conformance"), *catching.CHECKOUT_OPTIONS, "--report-dir", "reports"],
