@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
-    "$PYTHON" -m pip install --quiet "torch==2.13.0"
+    # PyTorch's CPU index first: PyPI's Linux wheels of torch bring CUDA's libraries (gigabytes).
+    # Where that index cannot be reached, what pip is configured with (PyPI, a machine's own wheels).
+    "$PYTHON" -m pip install --quiet --retries 0 --timeout 20 --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple "torch==2.13.0" 2>/dev/null \
+        || "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
 # The self-tests build the project's wheel offline with this environment's setuptools, the backend
 # pyproject.toml names (from 70.1 it builds wheels without the `wheel` package); a virtual
