@@ -17,7 +17,8 @@ fi
 if ! "$PYTHON" -c "import setuptools, sys; sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" \
         >/dev/null 2>&1; then
     "$PYTHON" -m pip install --quiet "setuptools>=70.1" \
-        || echo "install.sh: could not install setuptools>=70.1 (offline?); the self-tests that build the wheel need it" >&2
+        || echo "install.sh: could not install setuptools>=70.1 (offline?);" \
+                "the self-tests that build the wheel need it" >&2
 fi
 "$PYTHON" -m pip install --quiet --no-build-isolation -e . 2>/dev/null \
     || "$PYTHON" -m pip install --quiet -e .

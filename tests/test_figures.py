@@ -28,7 +28,8 @@ def test_a_cited_figure_its_report_does_not_hold_is_caught(tmp_path):
     report = tmp_path / "conformance-vllm-policy.md"
     shutil.copy(ROOT / "reports" / "vllm-policy" / "conformance-vllm-policy.md", report)
     doc = tmp_path / "README.md"
-    doc.write_text(f"Backed: [273 passed, 9 xfailed]({report.name}).\n\nStale: [267 passed, 9 xfailed]({report.name}).\n")
+    doc.write_text(f"Backed: [273 passed, 9 xfailed]({report.name}).\n\n"
+                   f"Stale: [267 passed, 9 xfailed]({report.name}).\n")
     backed, stale = citations.citations(doc)
     assert citations.missing(backed) == []
     assert citations.missing(stale) == ["267"]

@@ -281,8 +281,8 @@ def closed_pipe(command: list[str], cwd=ROOT) -> int:
 
 def test_the_calculator_ends_quietly_when_its_reader_goes_away():
     assert closed_pipe([sys.executable, "-m", "reference_runtime", "pad", "--batch", "1-500", "--json"]) == 141
-    lines = subprocess.run(f"{shlex.quote(sys.executable)} -m reference_runtime pad --batch 1-500 | head -2", shell=True,
-                           capture_output=True, text=True, cwd=ROOT)
+    lines = subprocess.run(f"{shlex.quote(sys.executable)} -m reference_runtime pad --batch 1-500 | head -2",
+                           shell=True, capture_output=True, text=True, cwd=ROOT)
     assert lines.stdout.splitlines() == ["cap 512, 51 sizes", "batch 1 -> 1, waste 0 tokens (0.00%)"]
     assert lines.stderr == ""
 

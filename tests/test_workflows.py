@@ -264,9 +264,9 @@ def test_the_gpu_scripts_keep_compiled_bytecode_where_the_machine_would_not(tmp_
         env["PYTHONDONTWRITEBYTECODE"] = dont_write
     (tmp_path / "probe_module.py").write_text("VALUE = 1\n")
     show = "import sys, probe_module; print(sys.flags.dont_write_bytecode, sys.pycache_prefix, sep=chr(10))"
-    result = subprocess.run(["bash", "-c", f"source scripts/lib/bytecode_cache.sh && cd {shlex.quote(str(tmp_path))} && "
-                             f"{shlex.quote(sys.executable)} -c {shlex.quote(show)}"], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+    command = (f"source scripts/lib/bytecode_cache.sh && cd {shlex.quote(str(tmp_path))} && "
+               f"{shlex.quote(sys.executable)} -c {shlex.quote(show)}")
+    result = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     cache = tmp_path / ".cache" / "cudagraph-conformance" / "pycache"
     if dont_write:

@@ -8,9 +8,9 @@ garbage is kept), it is out of their way, and they walk only what the tests made
 
 At the end pytest runs full garbage collections, to surface exceptions raised in finalizers (five
 after every plugin's last hook; from pytest 9.2, one in its own pytest_unconfigure, ahead of this
-module's, and one after), and the interpreter runs more as it exits. In a process that holds torch (and, in a
-worker of the self-tests, transformers and a whole run's objects) each walks about a million
-objects that are not garbage. One collection here finalises the session's garbage, with
+module's, and one after), and the interpreter runs more as it exits. In a process that holds
+torch (and, in a worker of the self-tests, transformers and a whole run's objects) each walks
+about a million objects that are not garbage. One collection here finalises the session's garbage, with
 pytest's hook for unraisable exceptions still installed, so they are reported as before;
 `gc.freeze()` then moves the survivors out of the collector's reach, and the remaining
 collections find them gone.
