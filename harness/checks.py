@@ -130,3 +130,9 @@ class Check:
 
     def skip(self, why: str) -> None:
         pytest.skip(f"runtime {self.runtime.name!r}: {why}")
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "Check", "describe", "first_difference", "window", "WINDOW",
+]

@@ -28,3 +28,9 @@ def pytest_cudagraph_runtimes():
     then ``pytest suites/ --runtime constant`` runs every suite whose needs `Constant`
     declares, and skips the rest with a reason.
     """
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "pytest_cudagraph_runtimes",
+]

@@ -233,3 +233,19 @@ class Engine(Protocol):
     # Optional: release what the engine holds (its device memory and what its library keeps for it
     # process-wide). The harness calls it once, when it drops the engine; nothing is called after it.
     def close(self) -> None: ...
+
+
+class UnsupportedCheckpoint(RuntimeError):
+    """Raised by `Runtime.build()` when the engine cannot load `EngineConfig.checkpoint`: the message
+    names what it lacks ("llama3 RoPE", "gelu_pytorch_tanh", "attention biases"). The session then
+    gives one verdict: the tests that need the checkpoint are skipped with that reason, the rest run
+    (harness/runtime/checkpoint.py). Since 0.2.0."""
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "CONFIG_MODES", "RUNTIME_MODES", "SUPPORT_LEVELS", "VALUES",
+    "CaptureReport", "Capabilities", "Descriptor", "Dispatch", "Engine", "EngineConfig", "PolicyConfig",
+    "RankBatch", "Request", "Resolution", "ResolveRequest", "Runtime", "RuntimeUnavailable", "StepInputs",
+    "StepResult", "UnsupportedCheckpoint",
+]

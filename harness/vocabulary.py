@@ -135,3 +135,14 @@ INDEPENDENT_FORWARD = "an independent forward (transformers on the same checkpoi
 EAGER = "an eager step of the same runtime at the same shape"
 OBSERVED = "what the harness observed"
 RUNTIME_WORD = "the runtime's own report (not observable by the harness)"
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "GRAPH_BACKENDS", "PADDING_FILLS", "PRECISIONS", "VllmRelease", "SPEC_RELEASE", "VLLM_RELEASES",
+    "engine_dtype", "RUNTIME_MODES", "FDO", "FAP", "CONFIG_MODES", "ROUTINES", "GRAPH_MODES",
+    "MIXED_GRAPH_MODES", "lowest", "SUPPORT_LEVELS", "SHORT_NAMES", "weakest", "ERROR",
+    "RESOLUTION_TABLE", "RESOLUTION_TABLE_NO_PIECEWISE", "ExpectedResolution",
+    "expected_resolution", "padded", "waste_percent", "SPEC", "CONTRACT", "ORACLE", "OWN_POLICY",
+    "INDEPENDENT_FORWARD", "EAGER", "OBSERVED", "RUNTIME_WORD",
+]

@@ -165,3 +165,10 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
 
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "ANCHORED", "NOT_DEFAULT", "ROPE", "WEIGHT_RECIPE", "Preset", "PRESETS", "preset",
+    "config_fields", "hf_config", "seeded_model", "fingerprint", "checkpoint",
+]

@@ -183,3 +183,11 @@ def check_record(record: Record) -> dict:
     if missing:
         raise ValueError(f"record {record.kind!r} is missing {missing}")
     return data
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "SCHEMA_VERSION", "Record", "Grid", "ResolutionCell", "Capture", "Launches", "Latency",
+    "Batch1Speedup", "Serving", "BatchInvariance", "Anchor", "DataParallelStep", "KINDS",
+    "ReportFormatError", "upgrade", "check_record",
+]

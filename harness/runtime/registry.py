@@ -121,3 +121,10 @@ def _import_factory(spec: str, option: str):
         return getattr(module, attr)
     except AttributeError:
         raise RuntimeLoadError(f"{option} {spec}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "ENTRY_POINT_GROUP", "DEFAULT_RUNTIME", "RuntimeLoadError", "RuntimeEntry", "discover",
+    "resolve", "describe_available", "check",
+]

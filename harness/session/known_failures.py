@@ -3,7 +3,7 @@ a failure that depends on what ran before it, non-strict ones: `strict = false`,
 
 TOML, one table per entry, and optionally the harness versions the file was written for::
 
-    harness_versions = ">=0.1,<0.2"  # a PEP 440 specifier; another version reports the file as stale
+    harness_versions = ">=0.2,<0.3"  # a PEP 440 specifier; another version reports the file as stale
 
     [[failure]]
     test = "suites/test_replay_equivalence.py::test_*[mycompile-FULL*]"
@@ -292,3 +292,10 @@ class KnownFailurePlugin:
                 if self.covered[entry.source]:
                     terminalreporter.write_line(f"{self.covered[entry.source]:>4} covered by {entry.source} "
                                                 f"[{entry.category}] {entry.reason[:100]}")
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "CATEGORIES", "BOUNDS", "KnownFailuresError", "KnownFailure", "KnownFailuresFile", "read",
+    "load", "stale",
+]

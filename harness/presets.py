@@ -1,0 +1,4 @@
+"""Deprecated since 0.2.0: moved to harness.expectations.presets (harness/moved.py, CHANGELOG.md)."""
+from harness.moved import alias
+
+alias(__name__)

@@ -1,0 +1,91 @@
+"""docs/api.md is the public API: every name it lists imports, each listed module's `__all__` is
+exactly what the page lists, no other harness module declares an `__all__` unlisted, and every
+0.1.0 path that moved still imports with a DeprecationWarning naming the new path."""
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import harness
+from harness import moved
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = (ROOT / "docs" / "api.md").read_text()
+SECTION = re.compile(r"^## `(?P<module>harness[\w.]*)`\n(?P<body>.*?)(?=^## )", re.S | re.M)
+
+
+def documented(page: str = PAGE) -> dict[str, set[str]]:
+    """{module: the names listed under it}: every backticked name on a bullet line of its section."""
+    found = {}
+    for match in SECTION.finditer(page):
+        bullets = re.findall(r"^(?:- |  )(.*)$", match.group("body"), re.M)
+        found[match.group("module")] = {name for line in bullets
+                                        for name in re.findall(r"`([A-Za-z_]\w*)`", line.split(": ")[0])}
+    return found
+
+
+def undocumented(page: str = PAGE) -> list[str]:
+    """Each mismatch between the page and the modules' `__all__`, one line each."""
+    problems = []
+    for module_name, names in documented(page).items():
+        module = importlib.import_module(module_name)
+        public = set(getattr(module, "__all__", ())) | ({"__version__"} if module is harness else set())
+        problems += [f"{module_name}.{n} is in __all__ but not in docs/api.md" for n in sorted(public - names)]
+        problems += [f"{module_name}.{n} is in docs/api.md but not in __all__" for n in sorted(names - public)]
+        problems += [f"{module_name}.{n} does not import" for n in sorted(names) if not hasattr(module, n)]
+    return problems
+
+
+def test_every_documented_name_imports_and_every_public_name_is_documented():
+    assert documented().keys() >= {"harness", "harness.protocol", "harness.graphs", "harness.hookspecs",
+                                   "harness.runtime.registry", "harness.expectations.presets",
+                                   "harness.session.known_failures", "harness.reports.records"}
+    assert not undocumented(), "\n".join(undocumented())
+
+
+def test_the_check_fails_on_an_undocumented_public_name(monkeypatch):
+    monkeypatch.setattr(harness.protocol, "__all__", [*harness.protocol.__all__, "NewThing"], raising=True)
+    monkeypatch.setattr(harness.protocol, "NewThing", object(), raising=False)
+    assert undocumented() == ["harness.protocol.NewThing is in __all__ but not in docs/api.md"]
+
+
+def test_the_check_fails_on_a_documented_name_that_went_away():
+    page = PAGE.replace("`UnsupportedCheckpoint`", "`UnsupportedCheckpoint`, `GoneName`", 1)
+    assert "harness.protocol.GoneName is in docs/api.md but not in __all__" in undocumented(page)
+
+
+def test_no_harness_module_declares_a_public_surface_the_page_leaves_out():
+    listed = documented().keys()
+    declaring = []
+    for path in sorted((ROOT / "harness").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if re.search(r"^__all__ = ", path.read_text(), re.M) and name not in listed:
+            declaring.append(name)
+    assert not declaring, f"{declaring} declare __all__ but docs/api.md does not list them"
+
+
+@pytest.mark.parametrize("old", sorted(moved.MOVED))
+def test_a_moved_module_imports_at_its_old_path_with_a_deprecation_naming_the_new(old):
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        __import__(old)  # as an `import` statement does, so the warning names this file
+    module = sys.modules[old]
+    assert module is importlib.import_module(moved.MOVED[old])
+    assert [w.category for w in caught] == [DeprecationWarning]
+    assert f"moved to {moved.MOVED[old]}" in str(caught[0].message)
+    assert caught[0].filename == __file__  # blamed on the importer, not on the shim
+    assert f"`{old}`" in PAGE or f"`harness.{old.split('.')[1]}`" in PAGE
+
+
+def test_the_version_is_semantic_and_the_changelog_has_it():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", harness.__version__)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{harness.__version__}]" in changelog
+    for old in moved.MOVED:
+        assert f"`{old}`" in changelog, f"CHANGELOG.md does not name the move of {old}"
