@@ -50,7 +50,18 @@ def message(old: str) -> str:
             f"({old} may be removed in {REMOVED_IN}; see CHANGELOG.md)")
 
 
+# The old paths imported in this process. A runtime is imported while pytest configures, before
+# pytest records warnings, and Python hides a DeprecationWarning raised outside __main__: the
+# report header says each one once (header_lines), so an adopter sees it.
+IMPORTED: list[str] = []
+
+
 def alias(old: str) -> None:
     """Make the module `old` (being imported now) the new module, with a DeprecationWarning."""
     warnings.warn(message(old), DeprecationWarning, stacklevel=3)
+    IMPORTED.append(old)
     sys.modules[old] = importlib.import_module(MOVED[old])
+
+
+def header_lines() -> list[str]:
+    return [f"deprecated: {message(old)}" for old in dict.fromkeys(IMPORTED)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from harness import moved
 from harness.protocol import Capabilities
 from harness.vocabulary import PADDING_FILLS
 
@@ -65,7 +66,7 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
         lines.append(f"skipped: the execution suites ({no_backend})")
     elif (why := benchmark_lane_off(config, graph_backend)) is not None:
         lines.append(f"skipped: the benchmark lane ({BENCHMARK_SUITES}): {why}")
-    return lines
+    return lines + moved.header_lines()
 
 
 def benchmark_lane_off(config, graph_backend: str | None) -> str | None:
