@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import harness
+from harness.runtime import checkpoint as checkpoint_verdict
 from harness.reports import render
 from harness.session.machine import cuda_available
 from harness.reports.records import SCHEMA_VERSION
@@ -285,6 +286,7 @@ class RunReport:
             "summary": dict(counts),
             "collected": self.collected,
             "not_applicable": self.not_applicable,
+            "checkpoint": checkpoint_verdict.report_entry(runtime, self.config.getoption("preset", "tiny"), tests),
             "tests": tests,
         }
 

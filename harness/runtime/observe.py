@@ -22,6 +22,7 @@ from harness.expectations import expected
 from harness.reliability import isolation
 from harness.expectations import oracle
 from harness.expectations import presets
+from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import validate
 from harness.runtime.boundary import answer
 from harness.scenarios.batches import describe_batch, is_uniform
@@ -316,7 +317,7 @@ class EngineFactory:
         if fresh or key not in self._engines:
             if fresh and not self._fresh:
                 self._allocated_before_fresh = _allocated()
-            engine = ObservedEngine(self.runtime.build(config), self, config)
+            engine = ObservedEngine(checkpoint_verdict.build(self.runtime, config), self, config)
             if fresh:
                 self._fresh.append(engine)
             if capture:
