@@ -24,6 +24,7 @@ import pytest
 import harness
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.reports import render
+from harness.session import coverage
 from harness.session.machine import cuda_available
 from harness.reports.records import SCHEMA_VERSION
 from harness.reliability.safe import describe_exception, safe_str
@@ -218,6 +219,9 @@ class RunReport:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter):
+        tests = list(self.results.values())
+        for change in coverage.changes(self.runtime.capabilities, tests):
+            terminalreporter.write_line(coverage.describe(self.runtime.name, change), yellow=True)
         if self.written:
             terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in self.written)}")
         if self.plots:
@@ -287,6 +291,7 @@ class RunReport:
             "collected": self.collected,
             "not_applicable": self.not_applicable,
             "checkpoint": checkpoint_verdict.report_entry(runtime, self.config.getoption("preset", "tiny"), tests),
+            "coverage_changes": coverage.changes(runtime.capabilities, tests),
             "tests": tests,
         }
 
