@@ -18,6 +18,7 @@ from harness.protocol import Capabilities, PolicyConfig
 from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
+from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import registry
 from harness.session import anchor_helper, device_share, header, known_failures, machine, process_exit, scheduling
 from harness.session.hypothesis_profiles import default_profile, register_profiles
@@ -139,6 +140,8 @@ def pytest_configure(config):
         runtime = registry.resolve(option, config.pluginmanager)
     except registry.RuntimeLoadError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if (problem := checkpoint_verdict.transformers_problem(runtime, config.getoption("preset"))) is not None:
+        raise pytest.UsageError(problem)
     if config.getoption("hypothesis_seed", None) is None and not hasattr(config, "workerinput"):
         # A seed for every run, so every failure's reproduction command can name it; xdist
         # hands the controller's options, this one included, to its workers.

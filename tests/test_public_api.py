@@ -70,8 +70,9 @@ def test_no_harness_module_declares_a_public_surface_the_page_leaves_out():
 
 
 @pytest.mark.parametrize("old", sorted(moved.MOVED))
-def test_a_moved_module_imports_at_its_old_path_with_a_deprecation_naming_the_new(old):
-    sys.modules.pop(old, None)
+def test_a_moved_module_imports_at_its_old_path_with_a_deprecation_naming_the_new(old, monkeypatch):
+    monkeypatch.setattr(moved, "IMPORTED", [])  # this process's later headers stay the runtime's own
+    monkeypatch.delitem(sys.modules, old, raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         __import__(old)  # as an `import` statement does, so the warning names this file
@@ -81,6 +82,7 @@ def test_a_moved_module_imports_at_its_old_path_with_a_deprecation_naming_the_ne
     assert f"moved to {moved.MOVED[old]}" in str(caught[0].message)
     assert caught[0].filename == __file__  # blamed on the importer, not on the shim
     assert f"`{old}`" in PAGE or f"`harness.{old.split('.')[1]}`" in PAGE
+    assert moved.header_lines() == [f"deprecated: {moved.message(old)}"]
 
 
 def test_the_version_is_semantic_and_the_changelog_has_it():

@@ -89,10 +89,14 @@ class _Rows:
 
 class Anchor(_Rows):
     def __init__(self, checkpoint: str, device: str = "cpu"):
+        import transformers
         from transformers import LlamaForCausalLM
 
         self.device = device
-        self.model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
+        # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; the floor (4.45) knows only the old name.
+        major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+        dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        self.model = LlamaForCausalLM.from_pretrained(checkpoint, **{dtype_key: torch.float32},
                                                       attn_implementation="eager").to(device).eval()
         probe = [1 + (7 * i) % (self.model.config.vocab_size - 1) for i in range(PROBE_TOKENS)]
         self.scale = float(self.logits(probe).abs().max())

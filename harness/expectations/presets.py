@@ -95,7 +95,40 @@ def config_fields(name: str) -> dict:
     return dict(vocab_size=p.vocab, hidden_size=p.hidden, intermediate_size=p.intermediate,
                 num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
                 head_dim=p.head_dim, max_position_embeddings=p.max_positions, hidden_act=p.hidden_act,
-                rope_parameters=rope, initializer_range=p.init_std, **NOT_DEFAULT)
+                rope_parameters=rope, initializer_range=p.init_std, **NOT_DEFAULT, **rope_4x(rope))
+
+
+def rope_4x(rope: dict) -> dict:
+    """The same RoPE in the keys transformers 4.x reads (`rope_theta` beside `rope_scaling`): 4.x
+    ignores `rope_parameters`, and 5.x reads these two where `rope_parameters` is absent. The
+    checkpoint's config.json carries both forms, so an engine on either release reads one RoPE."""
+    return dict(rope_theta=rope["rope_theta"], rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"})
+
+
+def rope_of(config) -> dict:
+    """The RoPE a loaded transformers config will apply: `rope_parameters` (5.x) or `rope_scaling`
+    with `rope_theta` (4.x)."""
+    parameters = dict(getattr(config, "rope_parameters", None) or {})
+    if not parameters.get("rope_type") or parameters.get("rope_type") == "default":
+        parameters = dict(getattr(config, "rope_scaling", None) or {}, rope_theta=getattr(config, "rope_theta", None))
+    return parameters
+
+
+def untrusted_transformers(name: str = "tiny") -> str | None:
+    """Why this transformers cannot be the anchor's forward, or None: the config it builds from the
+    checkpoint's fields must apply the RoPE the checkpoint declares (a release that drops it would
+    blame every engine for the harness's wrong expectation)."""
+    import transformers
+
+    declared = config_fields(name)["rope_parameters"]
+    loaded = rope_of(hf_config(name))
+    wrong = {k: (v, loaded.get(k)) for k, v in declared.items() if loaded.get(k) != v}
+    if not wrong:
+        return None
+    return (f"transformers {transformers.__version__} does not build the checkpoint's RoPE "
+            f"({', '.join(f'{k}: declared {v!r}, got {got!r}' for k, (v, got) in wrong.items())}); "
+            "the numerical anchor cannot trust its forward: install a transformers pyproject.toml allows "
+            "that reads rope_parameters or rope_scaling")
 
 
 def hf_config(name: str):
@@ -158,6 +191,10 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
     seeded_model(name, seed).save_pretrained(staging, safe_serialization=True)
+    written = json.loads((staging / "config.json").read_text())
+    fields = config_fields(name)
+    written.update(rope_parameters=fields["rope_parameters"], **rope_4x(fields["rope_parameters"]))  # both releases' keys
+    (staging / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     try:
         staging.rename(folder)
     except OSError:  # another process got there first; theirs is the same weights
@@ -170,5 +207,5 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "ANCHORED", "NOT_DEFAULT", "ROPE", "WEIGHT_RECIPE", "Preset", "PRESETS", "preset",
-    "config_fields", "hf_config", "seeded_model", "fingerprint", "checkpoint",
+    "config_fields", "hf_config", "seeded_model", "fingerprint", "checkpoint", "rope_of", "untrusted_transformers",
 ]

@@ -44,3 +44,12 @@ def report_entry(runtime, preset: str, tests: list[dict]) -> dict:
     refused = [t for t in tests if t.get("outcome") == "skipped" and MARK in (t.get("reason") or "")]
     return {"preset": preset, "version": version(preset) if runtime.capabilities.loads_checkpoint else None,
             "refused": refused[0]["reason"] if refused else None, "not_run": len(refused)}
+
+
+def transformers_problem(runtime, preset: str = "tiny") -> str | None:
+    """Why this session's transformers cannot give the anchor's expected logits, or None; asked at
+    configure time, for runtimes the anchor runs on, so the run refuses in one line instead of
+    blaming the runtime for every anchored step."""
+    if not runtime.capabilities.loads_checkpoint or preset not in presets.ANCHORED:
+        return None
+    return presets.untrusted_transformers(preset)
