@@ -35,7 +35,7 @@ import pytest
 
 from harness.reliability import isolation, workers
 from harness.reliability.hangs import ENGINE_FIXTURES, KIND_ATTRIBUTE, Hang, HangRecord, kind_of
-from harness.reliability.processes import ProcessWatch
+from harness.reliability.processes import AFTER_EXIT_S, ProcessWatch
 from harness.reliability.safe import bounded, describe_exception, safe_str
 from harness.reliability.watchdog import Watchdog
 from harness.reliability.witness import CLIENT, role
@@ -248,7 +248,7 @@ class Robustness:
     def pytest_sessionfinish(self, session):
         if self.processes is None:
             return
-        self.left_at_the_end = self.processes.end_of_session()
+        self.left_at_the_end = self.processes.end_of_session(AFTER_EXIT_S)
         if hasattr(self.config, "workeroutput"):  # the controller says it
             self.config.workeroutput[workers.ENDED_KEY] = self.left_at_the_end
 
