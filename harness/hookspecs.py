@@ -10,7 +10,10 @@ def pytest_cudagraph_runtimes():
     twice is an error. Runtimes can also come from the `cudagraph_conformance.runtimes`
     entry-point group, or from `--runtime package.module:factory`.
 
-    Runnable example, in a `conftest.py` next to your tests or in an installed plugin::
+    Runnable example, in a `conftest.py` at the root of the checkout that holds `suites/` (pytest
+    reads the conftests above the tests it runs), in an installed plugin, or, with the installed
+    `cudagraph-conformance` command, in a module of the directory you run from loaded with
+    ``-p MODULE`` (its suites live in site-packages, so a conftest.py of yours is never read)::
 
         from harness.protocol import Capabilities
 
@@ -18,15 +21,19 @@ def pytest_cudagraph_runtimes():
             name, version = "constant", "0.1"
             capabilities = Capabilities(capture_sizes=True)
             def capture_sizes(self, config):
-                return [1, 2, 4, 8]
+                if config.mode == "NONE":  # NONE captures nothing
+                    return []
+                budget = config.max_num_batched_tokens or 8192  # None: the default budget
+                return [s for s in (1, 2, 4, 8) if s <= budget]
             def padded_size(self, config, num_tokens):
-                return next((s for s in (1, 2, 4, 8) if s >= num_tokens), None)
+                return next((s for s in self.capture_sizes(config) if s >= num_tokens), None)
 
         def pytest_cudagraph_runtimes():
             return {"constant": Constant}
 
-    then ``pytest suites/ --runtime constant`` runs every suite whose needs `Constant`
-    declares, and skips the rest with a reason.
+    then ``pytest suites/ --runtime constant`` (or ``cudagraph-conformance -p MODULE --runtime
+    constant``) runs every suite whose needs `Constant` declares, and skips the rest with a reason
+    (tests/test_doc_runtimes.py runs this example both ways).
     """
 
 

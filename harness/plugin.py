@@ -20,7 +20,8 @@ from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import registry
-from harness.session import anchor_helper, device_share, header, known_failures, machine, process_exit, scheduling
+from harness.session import (anchor_helper, device_share, header, known_failures, machine, options, process_exit,
+                             scheduling)
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
@@ -40,6 +41,7 @@ def pytest_cmdline_main(config):
     (harness.reliability.supervisor); None here means the session runs in this process."""
     from harness.reliability import supervisor
 
+    options.validate(config)  # a usage error is the harness's, said before any process is forked
     return supervisor.supervise(config)
 
 

@@ -397,7 +397,10 @@ class ProcessWatch:
             return {key: p for key, p in self._scan().items() if key not in self.at_start
                     and key not in _HARNESS_OWNED and not descends_from(p, spare)}
 
-        left = list(settled(found, settle).values())
+        # Wait only on what nobody declared: a process on its way out (an xdist worker after its
+        # controller ended) is not a leak; a declared helper is ended at once.
+        settled(lambda: {key: p for key, p in found().items() if not self._kept(p)}, settle)
+        left = list(found().values())
         if not left:
             return []
         kept = {p.key for p in left if self._kept(p)}

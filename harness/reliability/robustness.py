@@ -35,7 +35,7 @@ import pytest
 
 from harness.reliability import isolation, workers
 from harness.reliability.hangs import ENGINE_FIXTURES, KIND_ATTRIBUTE, Hang, HangRecord, kind_of
-from harness.reliability.processes import ProcessWatch
+from harness.reliability.processes import AFTER_EXIT_S, ProcessWatch
 from harness.reliability.safe import bounded, describe_exception, safe_str
 from harness.reliability.watchdog import Watchdog
 from harness.reliability.witness import CLIENT, role
@@ -53,6 +53,8 @@ FIRST_ERROR = pytest.StashKey[str]()  # what the test raised first
 FAILED = pytest.StashKey[bool]()
 _GROUP = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+
 
+
+FORCED_AFTER_PRESSES = 3  # the third Ctrl-C stops even the report's writing
 
 class RaisedInterrupt(Exception):
     """A KeyboardInterrupt that no Ctrl-C caused: raised by the code under test, it ends its test only."""
@@ -82,6 +84,7 @@ class Robustness:
         self.probe = cuda_probe  # replaceable: the self-tests stand in a broken context on the CPU
         self.poisoned: tuple[str, str, str] | None = None  # (test, what it raised, what the probe saw)
         self.ctrl_c = False  # a real SIGINT arrived (a person pressed Ctrl-C)
+        self.ctrl_presses = 0
         self.watchdog: Watchdog | None = None
         self.expired = False  # SIGALRM fired during the current phase
         self._saved_handlers: dict = {}
@@ -107,9 +110,17 @@ class Robustness:
         if self._stderr_fd is not None:
             os.close(self._stderr_fd)
         for signum, handler in self._saved_handlers.items():
+            if signum == signal.SIGINT and self.ctrl_c:
+                continue  # a stopped run exits next: a second Ctrl-C must not cut its cleanup short
             signal.signal(signum, handler)
 
     def _on_sigint(self, signum, frame):
+        self.ctrl_presses += 1
+        if self.ctrl_c and self.ctrl_presses < FORCED_AFTER_PRESSES:
+            # Already stopping: a second Ctrl-C must not cut the report and the workers' ending short.
+            os.write(2, b"\ncudagraph-conformance: stopping; the report and the workers are being closed "
+                        b"(Ctrl-C once more to force)\n")
+            return
         self.ctrl_c = True
         previous = self._saved_handlers.get(signal.SIGINT)
         if previous is signal.SIG_IGN:
@@ -248,7 +259,7 @@ class Robustness:
     def pytest_sessionfinish(self, session):
         if self.processes is None:
             return
-        self.left_at_the_end = self.processes.end_of_session()
+        self.left_at_the_end = self.processes.end_of_session(AFTER_EXIT_S)
         if hasattr(self.config, "workeroutput"):  # the controller says it
             self.config.workeroutput[workers.ENDED_KEY] = self.left_at_the_end
 

@@ -11,8 +11,10 @@ import functools
 import hashlib
 import json
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -213,7 +215,12 @@ class RunReport:
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished = True
         self.interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        self.write()
+        try:
+            self.write()
+        except KeyboardInterrupt:  # Ctrl-C while the report renders: the JSON says so, in one line
+            self._write_interrupted()
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            return
         if render.counted(self.regressions) and self.config.getoption("fail_on_regression", False) \
                 and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -286,7 +293,11 @@ class RunReport:
             "args": list(self.config.invocation_params.args),
             "started": self.started,
             "seconds": round(time.time() - self.started, 3),
-            "complete": self.finished and not self.interrupted,
+            # every collected test ended, and no Ctrl-C: a second SIGINT under xdist can end the
+            # session with another status, so the count is the word that counts
+            "complete": self.finished and not self.interrupted and len(tests) >= (self.collected or 0)
+                        and all(r["outcome"] not in ("running", "interrupted") for r in tests),
+            "tests_ended": sum(r["outcome"] not in ("running", "interrupted", "not run") for r in tests),
             "summary": dict(counts),
             "collected": self.collected,
             "not_applicable": self.not_applicable,
@@ -302,6 +313,28 @@ class RunReport:
         if self.finished:
             return {**entry, "outcome": "interrupted", "reason": "the run was stopped before this test finished"}
         return {**entry, "outcome": "running"}
+
+    def _write_interrupted(self) -> None:
+        """The JSON again, marked incomplete, with a further Ctrl-C held off while it is written."""
+        self.interrupted = True
+        held = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() \
+            else None
+        try:
+            if self.directory is not None:
+                data = self.as_dict()
+                stem = self.directory / f"conformance-{self.runtime.name}"
+                stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=safe_str) + "\n")
+                stem.with_suffix(".md").write_text(
+                    f"# Conformance report: {self.runtime.name}\n\nThe run was stopped (Ctrl-C) while this summary "
+                    f"was rendered; {stem.with_suffix('.json').name} beside this file has every result.\n")
+                self.written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:
+                terminal.write_line("cudagraph-conformance: stopped (Ctrl-C) while the report was rendered; "
+                                    "its JSON says complete: false", yellow=True)
+        finally:
+            if held is not None:
+                signal.signal(signal.SIGINT, held)
 
     def write(self) -> None:
         self.last_flush = time.time()
