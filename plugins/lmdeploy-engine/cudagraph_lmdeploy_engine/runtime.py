@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness import protocol as p
+from harness.kit.checks import check_one_gpu_config
+from harness.kit.delegate import PolicyDelegate
 from harness.vocabulary import FDO
 
 from . import LMDEPLOY_VERSION, __version__, settings
@@ -32,7 +34,7 @@ NOTES = ("LMDeploy {lmdeploy} PyTorch engine, in-process (UniExecutor, BaseModel
          "never serves before its warm-up); one token a request; padded-row fills: zeros or random ids and positions")
 
 
-class LmdeployPolicyRuntime:
+class LmdeployPolicyRuntime(PolicyDelegate):
     """LMDeploy's policy alone (policy.py), on any machine: `--runtime
     cudagraph_lmdeploy_engine.runtime:LmdeployPolicyRuntime` runs the policy suites without LMDeploy
     or a GPU (tests/test_lmdeploy_policy.py does, in CI)."""
@@ -43,18 +45,6 @@ class LmdeployPolicyRuntime:
                                   attention_backends=((ATTENTION, SUPPORT),),
                                   notes="LMDeploy's CUDA-graph policy for LlamaForCausalLM, restated from its code")
     policy = LmdeployPolicy()
-
-    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
-        return self.policy.capture_sizes(config)
-
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return self.policy.padded_size(config, num_tokens)
-
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
-
-    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
-        return self.policy.resolve_mode(request)
 
 
 class LmdeployEngineRuntime(LmdeployPolicyRuntime):
@@ -104,14 +94,4 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
         return engine
 
     def _check_config(self, config: p.EngineConfig) -> None:
-        if config.graph_backend != "cuda" or not str(config.device).startswith("cuda"):
-            raise ValueError(f"lmdeploy-engine runs CUDA graphs on a GPU; got graph_backend={config.graph_backend!r}, "
-                             f"device={config.device!r}")
-        if not config.checkpoint:
-            raise ValueError("lmdeploy-engine loads a Hugging Face checkpoint: EngineConfig.checkpoint must be a folder")
-        if config.data_parallel is not None:
-            raise ValueError("lmdeploy-engine runs one rank; data_parallel is not supported")
-        attention = set(config.attention_backends or (ATTENTION,))
-        if attention != {ATTENTION}:
-            raise ValueError(f"lmdeploy-engine runs LMDeploy's Triton attention ({ATTENTION!r}) only; asked for "
-                             f"{sorted(attention)}")
+        check_one_gpu_config(config, "lmdeploy-engine", ATTENTION, f"LMDeploy's Triton attention ({ATTENTION!r})")
