@@ -90,6 +90,21 @@ def engine_config(runtime, mode: str, preset: str = "small", graph_backend: str 
     return EngineFactory(runtime, graph_backend, preset=preset).config(mode=mode)
 
 
+def capture_counted(engine):
+    """engine.capture(), and the captures the harness's own graph counter saw during it (the
+    counter watches torch's CUDA graphs once watch_cuda_graphs() ran)."""
+    before = LOG.snapshot()
+    report = engine.capture()
+    return report, LOG.since(before).captures
+
+
+def step_counted(engine, requests):
+    """engine.step(requests), and the graph launches the harness's counter saw during it."""
+    before = LOG.snapshot()
+    out = engine.step(requests)
+    return out, LOG.since(before).replays
+
+
 def _device(graph_backend: str) -> str:
     return "cuda" if graph_backend == "cuda" else "cpu"
 
@@ -119,19 +134,16 @@ def drive_engine(runtime, anchor, engine, config, where, log, joins, steps, step
 
     resolved = engine.resolution.resolved
     if resolved != "NONE":
-        before = LOG.snapshot()
-        report = engine.capture()
-        seen = LOG.since(before)
-        log("capture", f"{where} capture: the engine counted {dict(report.graphs)}, the harness saw {seen.captures} "
+        report, captures = capture_counted(engine)
+        log("capture", f"{where} capture: the engine counted {dict(report.graphs)}, the harness saw {captures} "
             f"captures; {report.seconds:.2f}s, {report.memory_bytes / MiB:.1f} MiB; order {list(report.order)}",
-            report=report, harness_captures=seen.captures)
+            report=report, harness_captures=captures)
     policy = replace(config.policy, mode=resolved)
     launches: list[int] = []
 
     def counted_step(requests):
-        before = LOG.snapshot()
-        out = engine.step(requests)
-        launches.append(LOG.since(before).replays)
+        out, launched = step_counted(engine, requests)
+        launches.append(launched)
         return out
 
     worst, equal, ran = 0.0, 0, []

@@ -23,3 +23,11 @@ def check_one_gpu_config(config: p.EngineConfig, runtime: str, attention: str, a
 def check_mode(config: p.EngineConfig) -> None:
     if config.policy.mode not in p.CONFIG_MODES:
         raise ValueError(f"unknown config mode {config.policy.mode!r}; expected one of {', '.join(p.CONFIG_MODES)}")
+
+
+def require_cuda(runtime: str, what: str) -> None:
+    """RuntimeUnavailable (the harness shows why, and skips) where torch sees no CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise p.RuntimeUnavailable(f"{runtime} runs {what} on a CUDA GPU, and torch sees none here")

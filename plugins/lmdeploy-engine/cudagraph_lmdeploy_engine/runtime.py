@@ -7,8 +7,7 @@ CUDA-graph runner, one GPU, in this process) behind the harness protocol.
   captured by LMDeploy's warm-up, each step an exact batch this runtime schedules, the path and
   padded size of every step read from LMDeploy's graph runner as it ran.
 
-LMDeploy is imported when the runtime is made, never at import time, so listing runtimes stays
-cheap where LMDeploy is absent (CI).
+Listing runtimes stays cheap without LMDeploy (CI): it is imported when the runtime is made.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness import protocol as p
-from harness.kit.checks import check_one_gpu_config
+from harness.kit.checks import check_one_gpu_config, require_cuda
 from harness.kit.delegate import PolicyDelegate
 from harness.vocabulary import FDO
 
@@ -48,15 +47,12 @@ class LmdeployPolicyRuntime(PolicyDelegate):
 
 
 class LmdeployEngineRuntime(LmdeployPolicyRuntime):
-    name = "lmdeploy-engine"
     known_failures = str(KNOWN_FAILURES)
+    name = "lmdeploy-engine"
 
     def __init__(self):
         settings.apply_environment()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise p.RuntimeUnavailable("lmdeploy-engine runs LMDeploy's PyTorch engine on a CUDA GPU, and torch sees none here")
+        require_cuda("lmdeploy-engine", "LMDeploy's PyTorch engine")
         import lmdeploy  # fails here, with the reason shown by the harness, when LMDeploy is not installed
 
         if lmdeploy.__version__ != LMDEPLOY_VERSION:

@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 
 from harness import protocol as p
-from harness.kit.checks import check_mode, check_one_gpu_config
+from harness.kit.checks import check_mode, check_one_gpu_config, require_cuda
 from harness.kit.delegate import PolicyDelegate
 
 from . import __version__, settings
@@ -92,10 +92,7 @@ class VllmEngineRuntime(_Policy):
 
     def __init__(self):
         settings.apply_environment()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise p.RuntimeUnavailable("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
+        require_cuda("vllm-engine", "vLLM")
         import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
 
         from .policy import VERSION, VllmPolicy, check_version
