@@ -196,3 +196,18 @@ def test_an_engine_failure_names_the_engine_and_the_step_and_stops_the_observer(
 def test_a_padding_fill_it_cannot_write_is_refused():
     with pytest.raises(ValueError, match="not 'nan'"):
         StandIn().step([Request(1, (3,), 0)], padding_fill="nan")
+
+
+def test_collected_warnings_keep_each_warning_naming_the_word_once_and_only_while_active():
+    import logging
+
+    from harness.kit.events import collected_warnings
+
+    engine_log = logging.getLogger("kit_test_engine")
+    with collected_warnings("kit_test_engine", "cudagraph") as messages:
+        engine_log.warning("CUDAGraph mode FULL is not supported; using PIECEWISE")
+        engine_log.warning("CUDAGraph mode FULL is not supported; using PIECEWISE")
+        engine_log.warning("the tokenizer is slow")
+        engine_log.info("cudagraph capture took 2 s")  # below WARNING
+    engine_log.warning("cudagraph after the block")
+    assert messages == ["CUDAGraph mode FULL is not supported; using PIECEWISE"]

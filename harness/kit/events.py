@@ -39,3 +39,25 @@ class EventLog:
             self.event(f"FAILED {what} after {time.perf_counter() - start:.1f}s: {type(exc).__name__}: {exc}")
             raise
         self.event(f"{what}: {time.perf_counter() - start:.1f}s")
+
+
+class _Collected(logging.Handler):
+    def __init__(self, word: str):
+        super().__init__(logging.WARNING)
+        self.word, self.messages = word.lower(), []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if self.word in message.lower() and message not in self.messages:
+            self.messages.append(message)
+
+
+@contextmanager
+def collected_warnings(logger: str, word: str):
+    """The engine's warnings (WARNING or above on `logger`) that name `word`, each once, while active."""
+    handler = _Collected(word)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)

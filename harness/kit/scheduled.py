@@ -41,6 +41,9 @@ class ScheduledEngine:
     def check_step(self, record, planned, prepared, ran) -> int:
         raise NotImplementedError
 
+    def release(self, request_id: int) -> None:
+        self.requests.release(request_id)
+
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
         if padding_fill not in PADDING_FILLS:
             raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "

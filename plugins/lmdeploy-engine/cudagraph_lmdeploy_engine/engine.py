@@ -291,9 +291,6 @@ class LmdeployEngine(ScheduledEngine):
         torch.cuda.empty_cache()
 
     # -- inspection ---------------------------------------------------------------------------
-    def release(self, request_id: int) -> None:
-        self.requests.release(request_id)
-
     def static_buffer_addresses(self) -> dict[str, int]:
         """The KV cache every graph reads and writes (from the build), and each captured graph's
         own inputs (LMDeploy allocates them when it captures that graph)."""

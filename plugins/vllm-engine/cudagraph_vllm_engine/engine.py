@@ -288,9 +288,6 @@ class VllmEngine(ScheduledEngine):
                 release.release_process()
 
     # -- inspection ---------------------------------------------------------------------------
-    def release(self, request_id: int) -> None:
-        self.requests.release(request_id)
-
     def static_buffer_addresses(self) -> dict[str, int]:
         buffers, tables = self.runner.input_buffers, self.runner.block_tables
         return {"input_ids": buffers.input_ids.data_ptr(), "positions": buffers.positions.data_ptr(),

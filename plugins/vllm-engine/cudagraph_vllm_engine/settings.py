@@ -6,12 +6,11 @@ vLLM reads most of its environment at import, so `apply_environment()` runs befo
 """
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from pathlib import Path
 
 from harness.kit import guard
-from harness.kit.events import EventLog
+from harness.kit.events import EventLog, collected_warnings
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # everything in this process (we drive the executor ourselves)
@@ -106,29 +105,13 @@ def create_vllm_config(args):
         raise ValueError(f"vLLM rejects the config: {exc}") from exc
 
 
-class CudagraphWarnings(logging.Handler):
-    """vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it is active."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if "cudagraph" in message.lower() and message not in self.messages:
-            self.messages.append(message)
-
-
 @contextmanager
 def collect_cudagraph_warnings():
+    """vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it is active."""
     from vllm import logger as vllm_logger
 
     clear = getattr(getattr(vllm_logger, "_print_warning_once", None), "cache_clear", None)
     if clear:
         clear()  # each question is a fresh vLLM start: warn_once must warn again
-    handler = CudagraphWarnings()
-    logging.getLogger("vllm").addHandler(handler)
-    try:
-        yield handler.messages
-    finally:
-        logging.getLogger("vllm").removeHandler(handler)
+    with collected_warnings("vllm", "cudagraph") as messages:
+        yield messages
