@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import time
-
 from contextlib import contextmanager
 
 from harness import protocol as p
