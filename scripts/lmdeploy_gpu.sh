@@ -27,22 +27,18 @@
 # Exit status: pytest's (0 when everything passed or was a known failure), 2 when LMDeploy does not
 # install or import, 124/130 when the suites were stopped at the budget.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${1:?usage: bash scripts/lmdeploy_gpu.sh OUT_DIR}
+source "$(dirname "$0")/lib/gpu_call.sh"
+gpu_call_begin "${1:-}" "bash scripts/lmdeploy_gpu.sh OUT_DIR"
 budget=${LMDEPLOY_GPU_BUDGET_S:-540}
 smoke_budget=${LMDEPLOY_SMOKE_S:-150}
 preset=${LMDEPLOY_PRESET:-small}  # the suites' model; the smoke stage probes tiny too
 site=${LMDEPLOY_SITE:-/tmp/site_l}
 python=${PYTHON:-python3}  # the interpreter with the machine's CUDA torch (the vLLM lane's)
 mkdir -p "$out/report"
-out=$(cd "$out" && pwd)
-start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - start )); }
 
-export PYTHONPATH="$site:$PWD:$PWD/plugins/lmdeploy-engine${PYTHONPATH:+:$PYTHONPATH}"
-export CUDAGRAPH_LMDEPLOY_EVENTS="$out/events.log"
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # LMDeploy's warm-up progress bars would bury the logs
-: > "$CUDAGRAPH_LMDEPLOY_EVENTS"
+engine_python_path "$site" lmdeploy-engine
+events_file CUDAGRAPH_LMDEPLOY_EVENTS
+export TQDM_DISABLE=1  # LMDeploy's warm-up progress bars would bury the logs
 
 echo "== install ($(elapsed)s)"
 if ! PYTHON="$python" timeout 60 bash scripts/lmdeploy/install.sh "$site" > "$out/install.log" 2>&1; then
@@ -112,11 +108,7 @@ suites=(test_numerical_anchor test_replay_equivalence test_capture_accounting te
         test_fallback test_backend_support test_capture_side_effects test_static_addresses
         test_launch_overhead test_batch_invariance test_dispatch test_padding test_capture_sizes
         test_mode_resolution test_data_parallel test_data_parallel_execution test_serving test_step_latency)
-paths=()
-for name in "${suites[@]}"; do paths+=("suites/$name.py"); done
-for path in suites/test_*.py; do  # any suite added later runs too, last
-    case " ${paths[*]} " in *" $path "*) ;; *) paths+=("$path") ;; esac
-done
+ordered_suites "${suites[@]}"  # any suite added later runs too, last
 timeout -s INT -k 30 "$left" "$python" -m pytest "${paths[@]}" \
     --runtime cudagraph_lmdeploy_engine.runtime:LmdeployEngineRuntime --graph-backend cuda --preset "$preset" \
     -p no:xdist -p no:cacheprovider --benchmark-skip --only-declared --report-dir "$out/report" -q -rs --tb=short \

@@ -28,21 +28,16 @@
 # them from the JSON with harness.reports.render). Exit status: the suites' pytest status, or the
 # strict lane's where the suites passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${1:?usage: bash scripts/vllm_engine_gpu.sh OUT_DIR}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-start=$(date +%s)
+source "$(dirname "$0")/lib/gpu_call.sh"
+gpu_call_begin "${1:-}" "bash scripts/vllm_engine_gpu.sh OUT_DIR"
 deadline=${VLLM_ENGINE_DEADLINE:-$(( start + ${VLLM_ENGINE_BUDGET_S:-540} ))}
 left() { echo $(( deadline - $(date +%s) )); }
 say() { echo "$(date +%H:%M:%S) [+$(( $(date +%s) - start ))s, $(left)s left] $*" | tee -a "$out/run.log"; }
 cap() { local a=$1 b=$2; b=$(( b < 30 ? 30 : b )); echo $(( a < b ? a : b )); }  # the smaller budget, 30 s at least
 scratch=$(mktemp -d)
 
-export PYTHONPATH="/tmp/site:$PWD:$PWD/plugins/vllm-engine${PYTHONPATH:+:$PYTHONPATH}"
-export CUDAGRAPH_VLLM_EVENTS="$out/events.log"
-export PYTHONUNBUFFERED=1
-: > "$CUDAGRAPH_VLLM_EVENTS"
+engine_python_path /tmp/site vllm-engine
+events_file CUDAGRAPH_VLLM_EVENTS
 : > "$out/run.log"
 
 say "== env"
@@ -99,11 +94,7 @@ suites=(test_capture_sizes test_padding test_dispatch test_mode_resolution test_
         test_numerical_anchor test_replay_equivalence test_capture_accounting test_padding_isolation
         test_fallback test_backend_support test_capture_side_effects test_static_addresses
         test_launch_overhead test_batch_invariance test_data_parallel_execution test_step_latency test_serving)
-paths=()
-for name in "${suites[@]}"; do paths+=("suites/$name.py"); done
-for path in suites/test_*.py; do  # any suite added later runs too, last
-    case " ${paths[*]} " in *" $path "*) ;; *) paths+=("$path") ;; esac
-done
+ordered_suites "${suites[@]}"  # any suite added later runs too, last
 # vLLM's INFO lines (per engine build) would swamp the failure reports; its warnings still show.
 # WORKERS processes share the GPU (xdist): an engine build is mostly host work (imports, compile cache
 # reads, model load), so several at once shorten the lane; a test that reads the device's free memory

@@ -19,6 +19,7 @@ import torch
 
 from harness.expectations.anchor import top2_margin
 from harness.scenarios.batches import describe_batch, prompt, rows_changing_owner
+from harness.scenarios.generation import generation as shared_generation, numbered
 from harness.protocol import Request
 from harness.reports.records import Anchor as AnchorRecord
 from harness.vocabulary import INDEPENDENT_FORWARD, MIXED_GRAPH_MODES
@@ -33,32 +34,15 @@ def anchor(engine_factory):
     return engine_factory.anchor()
 
 
+JOINS = {0: [5, 11, 3], 1: [7], 3: [2, 9], 5: [4]}  # step -> prompt lengths of the requests joining
+LEAVES = {2: 1, 5: 2}
+
+
 def generation(engine, anchor, first_id: int, q: int = 1, steps: int = 8):
     """Requests join and leave; decode steps feed the anchor's greedy tokens (plus q - 1 drafts),
-    so the engine and the anchor always see the same sequences. Yields (requests, logits, expected)."""
-    joins = {0: [5, 11, 3], 1: [7], 3: [2, 9], 5: [4]}
-    leaves = {2: 1, 5: 2}
-    history: dict[int, list[int]] = {}
-    next_token: dict[int, int] = {}
-    live: list[int] = []
-    for t in range(steps):
-        new = [(first_id + 10 * t + j, n) for j, n in enumerate(joins.get(t, []))]
-        requests = [Request(i, (next_token[i],) + tuple(1 + (next_token[i] + j) % 200 for j in range(1, q)),
-                            len(history[i])) for i in live]
-        requests += [Request(i, prompt(i, n), 0) for i, n in new]
-        out = engine.step(requests)
-        expected = anchor.step(requests, history)
-        yield requests, out, expected
-        row = 0
-        for r in requests:
-            history[r.request_id] = history.get(r.request_id, []) + list(r.token_ids)
-            row += len(r.token_ids)
-            next_token[r.request_id] = int(expected[row - 1].argmax())
-        live += [i for i, _ in new]
-        for _ in range(leaves.get(t, 0)):
-            engine.release(live.pop(0))
-    for i in live:
-        engine.release(i)
+    so the engine and the anchor always see the same sequences (harness.scenarios.generation).
+    Yields (requests, logits, expected)."""
+    return shared_generation(engine, anchor, numbered(JOINS, first_id), LEAVES, steps, q)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -137,7 +121,6 @@ def test_positions_past_the_models_match_transformers_where_an_engine_runs_them(
     does not refuse it (test_context_end.py judges a refusal) computes those positions as
     transformers does: a prompt of that length prefilled in chunks, every chunk against the anchor."""
     from harness.expectations import presets
-    from harness.protocol import Request
 
     positions = presets.preset(engines.preset).max_positions
     try:

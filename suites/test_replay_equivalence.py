@@ -15,8 +15,9 @@ is checked against the runtime's own dispatch() on every step (harness.runtime.o
 import pytest
 
 from harness.expectations.equality import largest_difference, same_bits
-from harness.scenarios.batches import (OWNER_ROWS, Sequence, advance, decode_requests, describe_batch, mixed_requests,
-                                      prefill, prefill_within, rows_changing_owner, uneven_requests)
+from harness.scenarios.batches import (OWNER_ROWS, decode_requests, describe_batch, mixed_requests, prefill,
+                                      prefill_within, rows_changing_owner, uneven_requests)
+from harness.scenarios.generation import generation, numbered
 from harness.vocabulary import EAGER, GRAPH_MODES, MIXED_GRAPH_MODES
 
 INVARIANT = "replay equivalence"
@@ -110,20 +111,12 @@ def scenario(engine, step, steps=6, q=1):
     (logits, padded size, runtime mode). Request ids are fixed so two engines see the same inputs.
     At steps 2 and 5 requests whose prompt is one token join a decode batch: every request brings
     one token, so the batch is uniform although some have no KV yet."""
-    live: list[Sequence] = []
     joins = {0: [4, 7, 2], 1: [5], 2: [1], 3: [3, 3], 4: [6], 5: [1, 1]}
     leaves = {2: 1, 4: 2}
     trace = []
-    for t in range(steps):
-        new = [(50_000 + 10 * t + j, n) for j, n in enumerate(joins.get(t, []))]
-        requests = mixed_requests(live, [i for i, _ in new], [n for _, n in new], q)
-        logits, padded, ran = step(requests)
+    for requests, (logits, padded, ran), _ in generation(engine, None, numbered(joins, 50_000), leaves, steps, q,
+                                                         step=step):
         trace.append((describe_batch(requests), padded, ran, logits))
-        advance(live, requests)  # the new prompts join as sequences
-        for _ in range(leaves.get(t, 0)):
-            engine.release(live.pop(0).request_id)
-    for s in live:
-        engine.release(s.request_id)
     return trace
 
 

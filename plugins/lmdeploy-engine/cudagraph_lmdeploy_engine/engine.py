@@ -22,6 +22,7 @@ import weakref
 from dataclasses import replace
 
 from harness import protocol as p
+from harness.kit.scheduled import ScheduledEngine
 from harness.vocabulary import FDO
 
 from . import settings
@@ -46,7 +47,13 @@ def forward_stream(device: int):
     return _FORWARD_STREAMS[device]
 
 
-class LmdeployEngine:
+class LmdeployEngine(ScheduledEngine):
+    engine_name = "LMDeploy"
+    own_errors = (EngineError, EagerShapeError)
+    events = settings.EVENTS
+    padding_fill_reason = ("padded rows attend only to LMDeploy's reserved block, which they also write, so a "
+                           "poisoned KV row would be overwritten before it is read")
+
     def __init__(self, config: p.EngineConfig, resolved: str, label: str):
         import torch
 
@@ -178,13 +185,6 @@ class LmdeployEngine:
         return self._eager_runners[size]
 
     # -- steps --------------------------------------------------------------------------------
-    def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
-        if padding_fill not in (None, "zeros", "random"):
-            raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
-                             f"positions), not {padding_fill!r}: padded rows attend only to LMDeploy's reserved "
-                             "block, which they also write, so a poisoned KV row would be overwritten before it is read")
-        return self._forward_step(list(requests), padding_fill=padding_fill)
-
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         requests = list(requests)
         tokens = sum(len(r.token_ids) for r in requests)
@@ -196,28 +196,19 @@ class LmdeployEngine:
                              "request): LMDeploy runs every other step unpadded")
         return self._forward_step(requests, eager_size=padded_num_tokens)
 
-    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
-        planned = self.requests.plan(requests)
-        decoding = is_decoding(planned)
-        record = self.observer.start(eager_size=eager_size, fill=padding_fill)
-        first, start = self.steps == 0, time.perf_counter()
-        try:
-            with settings.process_state_restored(self.rng):
-                logits = self._forward(self._model_inputs(planned, decoding))
-        except (EngineError, EagerShapeError):
-            raise
-        except Exception as exc:
-            raise RuntimeError(f"LMDeploy failed on a step of {len(planned)} requests "
-                               f"({sum(q.num_new for q in planned)} tokens): {type(exc).__name__}: {exc}") from exc
-        finally:
-            self.observer.stop()
-        self.requests.commit(planned)
-        self.steps += 1
+    # ScheduledEngine's step: plan, LMDeploy's forward on ModelInputs, logits read back, checked.
+    def guarded(self):
+        return settings.process_state_restored(self.rng)
+
+    def prepare(self, planned):
+        return is_decoding(planned)
+
+    def forward(self, planned, decoding: bool):
+        return (self._forward(self._model_inputs(planned, decoding)),)
+
+    def check_step(self, record, planned, decoding: bool, ran) -> int:
         self._check(record, planned, decoding)
-        self.last = record
-        if first:
-            settings.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at {record.padded})")
-        return p.StepResult(logits, record.path, sum(q.num_new for q in planned), record.padded)
+        return record.padded
 
     def _model_inputs(self, planned, decoding: bool):
         """The ModelInputs LMDeploy's scheduler would make for these requests
@@ -300,9 +291,6 @@ class LmdeployEngine:
         torch.cuda.empty_cache()
 
     # -- inspection ---------------------------------------------------------------------------
-    def release(self, request_id: int) -> None:
-        self.requests.release(request_id)
-
     def static_buffer_addresses(self) -> dict[str, int]:
         """The KV cache every graph reads and writes (from the build), and each captured graph's
         own inputs (LMDeploy allocates them when it captures that graph)."""

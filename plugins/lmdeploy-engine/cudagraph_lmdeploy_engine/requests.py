@@ -1,4 +1,4 @@
-"""This runtime's scheduler state, on the harness's books (harness/block_book.py): which requests
+"""This runtime's scheduler state, on the harness's books (harness/kit/block_book.py): which requests
 are live, the tokens whose KV each one holds, and its KV blocks.
 
 LMDeploy's own scheduler (lmdeploy/pytorch/paging/) hands its model agent one batch a step as
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.block_book import BlockBook
+from harness.kit.block_book import BlockBook
 
 from .settings import RESERVED_BLOCKS
 

@@ -7,8 +7,7 @@ CUDA-graph runner, one GPU, in this process) behind the harness protocol.
   captured by LMDeploy's warm-up, each step an exact batch this runtime schedules, the path and
   padded size of every step read from LMDeploy's graph runner as it ran.
 
-LMDeploy is imported when the runtime is made, never at import time, so listing runtimes stays
-cheap where LMDeploy is absent (CI).
+Listing runtimes stays cheap without LMDeploy (CI): it is imported when the runtime is made.
 """
 from __future__ import annotations
 
@@ -17,6 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness import protocol as p
+from harness.kit.checks import check_one_gpu_config, require_cuda
+from harness.kit.delegate import PolicyDelegate
 from harness.vocabulary import FDO
 
 from . import LMDEPLOY_VERSION, __version__, settings
@@ -32,7 +33,7 @@ NOTES = ("LMDeploy {lmdeploy} PyTorch engine, in-process (UniExecutor, BaseModel
          "never serves before its warm-up); one token a request; padded-row fills: zeros or random ids and positions")
 
 
-class LmdeployPolicyRuntime:
+class LmdeployPolicyRuntime(PolicyDelegate):
     """LMDeploy's policy alone (policy.py), on any machine: `--runtime
     cudagraph_lmdeploy_engine.runtime:LmdeployPolicyRuntime` runs the policy suites without LMDeploy
     or a GPU (tests/test_lmdeploy_policy.py does, in CI)."""
@@ -44,29 +45,14 @@ class LmdeployPolicyRuntime:
                                   notes="LMDeploy's CUDA-graph policy for LlamaForCausalLM, restated from its code")
     policy = LmdeployPolicy()
 
-    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
-        return self.policy.capture_sizes(config)
-
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return self.policy.padded_size(config, num_tokens)
-
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
-
-    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
-        return self.policy.resolve_mode(request)
-
 
 class LmdeployEngineRuntime(LmdeployPolicyRuntime):
-    name = "lmdeploy-engine"
     known_failures = str(KNOWN_FAILURES)
+    name = "lmdeploy-engine"
 
     def __init__(self):
         settings.apply_environment()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise p.RuntimeUnavailable("lmdeploy-engine runs LMDeploy's PyTorch engine on a CUDA GPU, and torch sees none here")
+        require_cuda("lmdeploy-engine", "LMDeploy's PyTorch engine")
         import lmdeploy  # fails here, with the reason shown by the harness, when LMDeploy is not installed
 
         if lmdeploy.__version__ != LMDEPLOY_VERSION:
@@ -104,14 +90,4 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
         return engine
 
     def _check_config(self, config: p.EngineConfig) -> None:
-        if config.graph_backend != "cuda" or not str(config.device).startswith("cuda"):
-            raise ValueError(f"lmdeploy-engine runs CUDA graphs on a GPU; got graph_backend={config.graph_backend!r}, "
-                             f"device={config.device!r}")
-        if not config.checkpoint:
-            raise ValueError("lmdeploy-engine loads a Hugging Face checkpoint: EngineConfig.checkpoint must be a folder")
-        if config.data_parallel is not None:
-            raise ValueError("lmdeploy-engine runs one rank; data_parallel is not supported")
-        attention = set(config.attention_backends or (ATTENTION,))
-        if attention != {ATTENTION}:
-            raise ValueError(f"lmdeploy-engine runs LMDeploy's Triton attention ({ATTENTION!r}) only; asked for "
-                             f"{sorted(attention)}")
+        check_one_gpu_config(config, "lmdeploy-engine", ATTENTION, f"LMDeploy's Triton attention ({ATTENTION!r})")

@@ -9,11 +9,11 @@ already set wins, and the build checks the two that would change what the suites
 """
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import time
 from contextlib import contextmanager
+
+from harness.kit import guard
+from harness.kit.events import EventLog
+from harness.kit.guard import EngineRandom  # noqa: F401  (this module's name for it, kept)
 
 from .policy import DEFAULT_PREFILL_TOKENS
 
@@ -40,15 +40,12 @@ RESERVED_BLOCKS = 1  # ConfigBuilder.build_cache_config: block 0 "for dummy inpu
 DEFAULT_KV_TOKENS = 4096
 EVENTS_VARIABLE = "CUDAGRAPH_LMDEPLOY_EVENTS"  # a file every build, capture and first step is appended to
 
-_log = logging.getLogger("cudagraph_lmdeploy_engine")
+EVENTS = EventLog("cudagraph_lmdeploy_engine", EVENTS_VARIABLE)
+event, timed = EVENTS.event, EVENTS.timed  # one line about a stage, and a stage timed (harness.kit.events)
 
 
 def apply_environment() -> None:
-    for name, value in ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    inductor = sys.modules.get("torch._inductor.config")  # read its variable already: told directly
-    if inductor is not None:
-        inductor.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
+    guard.apply_environment(ENVIRONMENT)
 
 
 def num_gpu_blocks(kv_tokens: int | None, max_seqs: int) -> int:
@@ -76,72 +73,7 @@ def process_state_restored(rng):
     """Run a call into LMDeploy with its own random streams, and put back what it changes for the
     process. LMDeploy draws from torch's global generators (every graph step fills its padded
     token ids with `random_`, CudaGraphMixin.fill_buffers_cudagraph; warm-up draws dummy inputs):
-    `rng` holds LMDeploy's CPU and CUDA generator states between calls, so its draws go on as one
-    stream and the caller's generators are untouched. The harness fails a test that leaves
-    process-wide state changed (docs/reliability.md); this runtime, not LMDeploy, owns that promise."""
-    environment = dict(os.environ)
-    caller = rng.swap_in()
-    try:
+    `rng` (harness.kit.guard.EngineRandom) holds LMDeploy's CPU and CUDA generator states between
+    calls, so its draws go on as one stream and the caller's generators are untouched."""
+    with guard.environment_restored(), guard.own_random(rng):
         yield
-    finally:
-        rng.swap_out(caller)
-        for name in set(os.environ) - set(environment):
-            del os.environ[name]
-        for name, value in environment.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
-
-
-class EngineRandom:
-    """LMDeploy's CPU and CUDA generator states, seeded once, kept between calls (`device` None:
-    the CPU generator only)."""
-
-    def __init__(self, seed: int, device: int | None):
-        import torch
-
-        self.device = device
-        self.cpu = torch.Generator().manual_seed(seed).get_state()
-        self.cuda = None if device is None else torch.Generator(device=f"cuda:{device}").manual_seed(seed).get_state()
-
-    def swap_in(self):
-        import torch
-
-        caller = (torch.get_rng_state(), None if self.device is None else torch.cuda.get_rng_state(self.device))
-        torch.set_rng_state(self.cpu)
-        if self.device is not None:
-            torch.cuda.set_rng_state(self.cuda, self.device)
-        return caller
-
-    def swap_out(self, caller) -> None:
-        import torch
-
-        self.cpu = torch.get_rng_state()
-        torch.set_rng_state(caller[0])
-        if self.device is not None:
-            self.cuda = torch.cuda.get_rng_state(self.device)
-            torch.cuda.set_rng_state(caller[1], self.device)
-
-
-def event(message: str) -> None:
-    """One line about a stage (build, capture, a failure), to the log and to the events file, so a
-    GPU run that dies still says how far it got and how long each stage took."""
-    line = f"{time.strftime('%H:%M:%S')} {message}"
-    _log.info(line)
-    path = os.environ.get(EVENTS_VARIABLE)
-    if path:
-        try:
-            with open(path, "a") as handle:
-                handle.write(line + "\n")
-        except OSError as exc:  # the log is a help, never a reason to fail a test
-            print(f"cudagraph_lmdeploy_engine: cannot append to {path}: {exc}", file=sys.stderr)
-
-
-@contextmanager
-def timed(what: str):
-    start = time.perf_counter()
-    try:
-        yield
-    except BaseException as exc:
-        event(f"FAILED {what} after {time.perf_counter() - start:.1f}s: {type(exc).__name__}: {exc}")
-        raise
-    event(f"{what}: {time.perf_counter() - start:.1f}s")

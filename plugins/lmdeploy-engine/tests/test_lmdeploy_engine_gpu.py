@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("lmdeploy", reason="LMDeploy is not installed (bash scripts/lmdeploy/install.sh)")
 
 from harness.expectations.anchor import TOLERANCE, Anchor  # noqa: E402
-from harness.graphs.log import LOG, watch_cuda_graphs  # noqa: E402
+from harness.graphs.log import watch_cuda_graphs  # noqa: E402
+from harness.smoke import capture_counted, step_counted  # noqa: E402
 from harness.scenarios.batches import advance, decode_requests, prefill  # noqa: E402
 
 from cudagraph_lmdeploy_engine.runtime import LmdeployEngineRuntime  # noqa: E402
@@ -29,16 +30,15 @@ PRESET = "small"
 
 @pytest.fixture(scope="module")
 def runtime():
-    watch_cuda_graphs()
+    watch_cuda_graphs()  # the harness's graph counter, on before LMDeploy's first capture
     return LmdeployEngineRuntime()
 
 
 @pytest.fixture(scope="module")
 def engine(runtime):
-    engine = runtime.build(engine_config(runtime, "FULL_DECODE_ONLY", PRESET))
-    before = LOG.snapshot()
-    engine.report = engine.capture()
-    engine.captures_seen = LOG.since(before).captures
+    config = engine_config(runtime, "FULL_DECODE_ONLY", PRESET)  # the suites' config for the smoke preset
+    engine = runtime.build(config)
+    engine.report, engine.captures_seen = capture_counted(engine)  # the harness's counter beside the engine's
     return engine
 
 
@@ -60,12 +60,10 @@ def test_steps_report_what_lmdeploy_ran_and_match_transformers(runtime, engine, 
     prefill(eager_engine, [1, 2, 3], [5, 11, 3])
     policy = replace(engine.config.policy, mode=engine.resolution.resolved)
     for n in (1, 2, 3):
+        history = {s.request_id: list(s.tokens) for s in seqs}  # before this step's tokens
+        expected = runtime.dispatch(policy, n, n, True)  # the runtime's own policy for n decode requests
         requests = decode_requests(seqs[:n])
-        history = {s.request_id: list(s.tokens) for s in seqs}
-        before = LOG.snapshot()
-        out = engine.step(requests)
-        launches = LOG.since(before).replays
-        expected = runtime.dispatch(policy, n, n, True)
+        out, launches = step_counted(engine, requests)
         assert (out.runtime_mode, out.padded_num_tokens, launches) == ("FULL", expected.descriptor.num_tokens, 1)
         assert float((out.logits.float().cpu() - anchor.step(requests, history)).abs().max()) <= TOLERANCE["float16"]
         same_engine = engine.eager_step(requests, out.padded_num_tokens)

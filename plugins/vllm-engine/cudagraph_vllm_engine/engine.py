@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 
 from harness import protocol as p
+from harness.kit.scheduled import ScheduledEngine
 
 from . import attention_trace, release, settings
 from .policy import graph_descriptors, sizes_with_graphs
@@ -36,7 +38,11 @@ class EngineError(RuntimeError):
     """vLLM did something other than what this runtime asked, or the runtime misread it."""
 
 
-class VllmEngine:
+class VllmEngine(ScheduledEngine):
+    engine_name = "vLLM"
+    own_errors = (EngineError,)
+    events = settings.EVENTS
+
     def __init__(self, config: p.EngineConfig, label: str, live=None):
         from vllm.config import set_current_vllm_config
 
@@ -159,12 +165,6 @@ class VllmEngine:
         return graph_descriptors(self.manager)
 
     # -- steps --------------------------------------------------------------------------------
-    def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
-        if padding_fill not in (None, "zeros", "random"):
-            raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
-                             f"positions), not {padding_fill!r}: its padded inputs are integers")
-        return self._forward_step(list(requests), padding_fill=padding_fill)
-
     def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
         requests = list(requests)
         tokens = sum(len(r.token_ids) for r in requests)
@@ -174,40 +174,34 @@ class VllmEngine:
                              f"fit vLLM's static buffers of max_num_batched_tokens={limit}")
         return self._forward_step(requests, eager_size=padded_num_tokens)
 
-    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+    # ScheduledEngine's step: plan, the scheduler's output, vLLM's forward, logits read back, checked.
+    @contextmanager
+    def guarded(self):
+        with self._set_config(self.vllm_config), settings.process_state_restored():
+            yield
+
+    def prepare(self, planned):
+        return self._scheduler_output(planned)
+
+    def forward(self, planned, output):
         import torch
 
-        planned = self.requests.plan(requests)
-        output = self._scheduler_output(planned)
-        record = self.observer.start(eager_size=eager_size, fill=padding_fill)
-        first = self.steps == 0
-        start = time.perf_counter()
-        try:
-            with self._set_config(self.vllm_config), settings.process_state_restored():
-                self.executor.execute_model(output)
-                state = self.runner.execute_model_state
-                if state is None:
-                    raise EngineError("vLLM's model runner left no execute_model_state after execute_model")
-                rows = self._rows(state.input_batch, planned)
-                with torch.inference_mode():
-                    index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
-                    logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
-                sampled = self.executor.sample_tokens(None)
-        except EngineError:
-            raise
-        except Exception as exc:
-            raise RuntimeError(f"vLLM failed on a step of {len(requests)} requests ({sum(q.num_new for q in planned)} "
-                               f"tokens): {type(exc).__name__}: {exc}") from exc
-        finally:
-            self.observer.stop()
-        self.requests.commit(planned)
-        self.steps += 1
+        self.executor.execute_model(output)
+        state = self.runner.execute_model_state
+        if state is None:
+            raise EngineError("vLLM's model runner left no execute_model_state after execute_model")
+        rows = self._rows(state.input_batch, planned)
+        with torch.inference_mode():
+            index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
+            logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
+        sampled = self.executor.sample_tokens(None)
+        return logits, state, rows, sampled
+
+    def check_step(self, record, planned, output, ran) -> int:
+        logits, state, rows, sampled = ran
         padded = state.input_batch.num_tokens_after_padding
         self._check(record, padded, planned, rows, logits, sampled)
-        self.last = record
-        if first:
-            settings.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at {padded})")
-        return p.StepResult(logits, record.path, sum(q.num_new for q in planned), padded)
+        return padded
 
     def _scheduler_output(self, planned):
         """The SchedulerOutput vLLM's scheduler would send for these requests if each were resumed
@@ -293,9 +287,6 @@ class VllmEngine:
                 release.release_process()
 
     # -- inspection ---------------------------------------------------------------------------
-    def release(self, request_id: int) -> None:
-        self.requests.release(request_id)
-
     def static_buffer_addresses(self) -> dict[str, int]:
         buffers, tables = self.runner.input_buffers, self.runner.block_tables
         return {"input_ids": buffers.input_ids.data_ptr(), "positions": buffers.positions.data_ptr(),

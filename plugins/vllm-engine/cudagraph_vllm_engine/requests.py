@@ -1,4 +1,4 @@
-"""This runtime's scheduler state, on the harness's books (harness/block_book.py): which requests
+"""This runtime's scheduler state, on the harness's books (harness/kit/block_book.py): which requests
 are live, the tokens whose KV each one holds, and its KV blocks.
 
 The runtime plays vLLM's scheduler: each step it hands the model runner every scheduled request
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.block_book import BlockBook, Live as BookLive
+from harness.kit.block_book import BlockBook, Live as BookLive
 
 
 @dataclass

@@ -18,6 +18,8 @@ import weakref
 from pathlib import Path
 
 from harness import protocol as p
+from harness.kit.checks import check_mode, check_one_gpu_config, require_cuda
+from harness.kit.delegate import PolicyDelegate
 
 from . import __version__, settings
 
@@ -46,22 +48,10 @@ def precision() -> str:
     return "ieee" if os.environ.get("TRITON_F32_DEFAULT", "").lower() == "ieee" else "tf32"
 
 
-class _Policy:
+class _Policy(PolicyDelegate):
     """The protocol's policy questions, answered by vLLM 0.25's own code (policy.VllmPolicy)."""
 
     policy: "VllmPolicy"
-
-    def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
-        return self.policy.capture_sizes(config)
-
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return self.policy.padded_size(config, num_tokens)
-
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
-
-    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
-        return self.policy.resolve_mode(request)
 
 
 class VllmEnginePolicyRuntime(_Policy):
@@ -102,10 +92,7 @@ class VllmEngineRuntime(_Policy):
 
     def __init__(self):
         settings.apply_environment()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise p.RuntimeUnavailable("vllm-engine runs vLLM on a CUDA GPU, and torch sees none here")
+        require_cuda("vllm-engine", "vLLM")
         import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
 
         from .policy import VERSION, VllmPolicy, check_version
@@ -157,15 +144,6 @@ class VllmEngineRuntime(_Policy):
         return engine
 
     def _check_config(self, config: p.EngineConfig) -> None:
-        if config.graph_backend != "cuda" or not str(config.device).startswith("cuda"):
-            raise ValueError(f"vllm-engine runs CUDA graphs on a GPU; got graph_backend={config.graph_backend!r}, "
-                             f"device={config.device!r}")
-        if not config.checkpoint:
-            raise ValueError("vllm-engine loads a Hugging Face checkpoint: EngineConfig.checkpoint must be a folder")
-        if config.data_parallel is not None:
-            raise ValueError("vllm-engine runs one rank; data_parallel is not supported")
-        attention = set(config.attention_backends or (settings.ATTENTION_BACKEND,))
-        if attention != {settings.ATTENTION_BACKEND}:
-            raise ValueError(f"vllm-engine runs the {settings.ATTENTION_BACKEND} backend only; asked for {sorted(attention)}")
-        if config.policy.mode not in p.CONFIG_MODES:
-            raise ValueError(f"unknown config mode {config.policy.mode!r}; expected one of {', '.join(p.CONFIG_MODES)}")
+        check_one_gpu_config(config, "vllm-engine", settings.ATTENTION_BACKEND,
+                             f"the {settings.ATTENTION_BACKEND} backend")
+        check_mode(config)

@@ -6,12 +6,11 @@ vLLM reads most of its environment at import, so `apply_environment()` runs befo
 """
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from harness.kit import guard
+from harness.kit.events import EventLog, collected_warnings
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # everything in this process (we drive the executor ourselves)
@@ -32,62 +31,21 @@ GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache 
 USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
 EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
-_log = logging.getLogger("cudagraph_vllm_engine")
+EVENTS = EventLog("cudagraph_vllm_engine", EVENTS_VARIABLE)
+event, timed = EVENTS.event, EVENTS.timed  # one line about a stage, and a stage timed (harness.kit.events)
 
 
 def apply_environment() -> None:
-    for name, value in ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    inductor = sys.modules.get("torch._inductor.config")  # read its variable already: told directly
-    if inductor is not None:
-        inductor.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
-
-
-def event(message: str) -> None:
-    """One line about a stage (build, capture, a failure), to the log and to the events file, so a
-    GPU run that dies still says how far it got and how long each stage took."""
-    line = f"{time.strftime('%H:%M:%S')} {message}"
-    _log.info(line)
-    path = os.environ.get(EVENTS_VARIABLE)
-    if path:
-        try:
-            with open(path, "a") as handle:
-                handle.write(line + "\n")
-        except OSError as exc:  # the log is a help, never a reason to fail a test
-            print(f"cudagraph_vllm_engine: cannot append to {path}: {exc}", file=sys.stderr)
+    guard.apply_environment(ENVIRONMENT)
 
 
 @contextmanager
 def process_state_restored():
     """Put back what vLLM changes for the whole process during a call: it draws from torch's
     global CPU and CUDA generators (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own
-    cache when it compiles. The harness fails a test that leaves any of them changed
-    (docs/reliability.md), since it would taint the tests after it; this runtime, not vLLM, owns
-    that promise."""
-    import torch
-
-    environment = dict(os.environ)
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        for name in set(os.environ) - set(environment):
-            del os.environ[name]
-        for name, value in environment.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
-
-
-@contextmanager
-def timed(what: str):
-    start = time.perf_counter()
-    try:
+    cache when it compiles (harness.kit.guard)."""
+    with guard.environment_restored(), guard.random_forked():
         yield
-    except BaseException as exc:
-        event(f"FAILED {what} after {time.perf_counter() - start:.1f}s: {type(exc).__name__}: {exc}")
-        raise
-    event(f"{what}: {time.perf_counter() - start:.1f}s")
 
 
 def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,
@@ -147,29 +105,13 @@ def create_vllm_config(args):
         raise ValueError(f"vLLM rejects the config: {exc}") from exc
 
 
-class CudagraphWarnings(logging.Handler):
-    """vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it is active."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if "cudagraph" in message.lower() and message not in self.messages:
-            self.messages.append(message)
-
-
 @contextmanager
 def collect_cudagraph_warnings():
+    """vLLM's warnings about CUDA graphs (WARNING or above, naming cudagraphs) while it is active."""
     from vllm import logger as vllm_logger
 
     clear = getattr(getattr(vllm_logger, "_print_warning_once", None), "cache_clear", None)
     if clear:
         clear()  # each question is a fresh vLLM start: warn_once must warn again
-    handler = CudagraphWarnings()
-    logging.getLogger("vllm").addHandler(handler)
-    try:
-        yield handler.messages
-    finally:
-        logging.getLogger("vllm").removeHandler(handler)
+    with collected_warnings("vllm", "cudagraph") as messages:
+        yield messages

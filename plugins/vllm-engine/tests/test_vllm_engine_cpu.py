@@ -61,26 +61,7 @@ def test_release_frees_blocks_and_tells_the_runner_on_the_next_step():
         state.slot(1, 0, 16)
 
 
-@pytest.mark.parametrize("requests,message", [
-    ([Request(1, (1,), 2)], "says 2 tokens are cached"),
-    ([Request(1, (300,), 0)], "outside the vocabulary"),
-    ([Request(1, (1,), 0), Request(1, (2,), 0)], "appears twice"),
-    ([Request(1, tuple([1] * 65), 0)], "max_num_batched_tokens"),
-    ([Request(i, (1,), 0) for i in range(5)], "max_num_seqs"),
-    ([Request(1, (), 0)], "no tokens"),
-])
-def test_a_step_vllms_scheduler_could_not_produce_is_refused(requests, message):
-    with pytest.raises(ValueError, match=message):
-        make_requests().plan(requests)
-
-
-def test_a_full_kv_cache_is_a_runtime_error_and_the_failed_step_takes_nothing():
-    state = make_requests(num_blocks=4)  # 3 usable blocks
-    state.commit(state.plan([Request(1, tuple(range(1, 17)), 0)]))
-    free = list(state.free)
-    with pytest.raises(RuntimeError, match="KV cache is full"):
-        state.plan([Request(2, tuple(range(1, 17)), 0), Request(3, tuple(range(1, 33)), 0)])
-    assert state.free == free and set(state.live) == {1}
+# Refused steps and a full KV cache: the block book's own tests (tests/test_kit_block_book.py).
 
 
 # -- the observer, on a stand-in model runner --------------------------------------------------

@@ -19,7 +19,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (see plugins/vllm-engi
 from harness.expectations import oracle  # noqa: E402
 from harness.expectations.anchor import Anchor  # noqa: E402
 from harness.scenarios.batches import advance, decode_requests, prefill  # noqa: E402
-from harness.graphs.log import LOG, watch_cuda_graphs  # noqa: E402
+from harness.graphs.log import watch_cuda_graphs  # noqa: E402
+from harness.smoke import capture_counted, step_counted  # noqa: E402
 from harness.protocol import PolicyConfig  # noqa: E402
 
 from cudagraph_vllm_engine.runtime import VllmEngineRuntime  # noqa: E402
@@ -35,9 +36,7 @@ def runtime():
 @pytest.fixture(scope="module")
 def engine(runtime):
     engine = runtime.build(engine_config(runtime, "FULL_AND_PIECEWISE"))  # the suites' preset and checkpoint
-    before = LOG.snapshot()
-    engine.report = engine.capture()
-    engine.captures_seen = LOG.since(before).captures
+    engine.report, engine.captures_seen = capture_counted(engine)  # the harness's counter beside the engine's
     yield engine
     engine.close()
 
@@ -66,9 +65,7 @@ def test_steps_report_what_vllm_ran_and_match_transformers(runtime, engine):
     for n in (1, 2, 3):
         requests = decode_requests(seqs[:n])
         history = {s.request_id: list(s.tokens) for s in seqs}
-        before = LOG.snapshot()
-        out = engine.step(requests)
-        launches = LOG.since(before).replays
+        out, launches = step_counted(engine, requests)
         expected = runtime.dispatch(policy, n, n, True)
         assert (out.runtime_mode, out.padded_num_tokens) == (expected.runtime_mode, expected.descriptor.num_tokens)
         if out.runtime_mode == "PIECEWISE":

@@ -1,6 +1,6 @@
 """What a capture on the CPU graph emulator costs against the same step run eagerly, on this machine.
 
-    python scripts/emulator_overhead.py [--rounds 10]
+    python reports/cpu/2026-12-03-speed-5/emulator_overhead.py [--rounds 10]
 
 Builds and captures the reference engine (FULL_AND_PIECEWISE, the suites' default engine) `rounds`
 times three ways and prints the median of each and its ratio to the eager one:
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 
 import torch  # noqa: E402
 

@@ -17,8 +17,8 @@ capture and padding suites do in a worker: round 0 is the only one before any su
 For each, the first step's logits are printed as a fingerprint (the value at (0, 0) and a hash of
 the raw bytes), so the distinct results, and the round where one appears, can be read off.
 
-    python scripts/process_state_probe.py --runtime reference --graph-backend emulated --rounds 2   # anywhere
-    python scripts/process_state_probe.py --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime \
+    python reports/h200/vllm/process_state_probe.py --runtime reference --graph-backend emulated --rounds 2   # anywhere
+    python reports/h200/vllm/process_state_probe.py --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime \
         --preset small --modes FULL,PIECEWISE --seconds 300
 """
 from __future__ import annotations

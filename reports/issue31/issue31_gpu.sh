@@ -4,14 +4,14 @@
 # reference runtime, the bucket engine and the SGLang-shaped engine (the new checkpoint, the
 # larger engines, the context's end), each with its JSON and Markdown report.
 #
-#   bash scripts/issue31_gpu.sh OUT_DIR
+#   bash reports/issue31/issue31_gpu.sh OUT_DIR
 #
 # Writes OUT_DIR/fidelity/ (emulator_fidelity.json, _emulated.json, .md: commit them to
 # reports/h200/), OUT_DIR/<runtime>.log and OUT_DIR/<runtime>/conformance-<runtime>.{json,md}.
 # Exits non-zero if a step fails; the logs say which.
 set -uo pipefail
 if [ $# -ne 1 ]; then
-    echo "usage: bash scripts/issue31_gpu.sh OUT_DIR" >&2
+    echo "usage: bash reports/issue31/issue31_gpu.sh OUT_DIR" >&2
     exit 2
 fi
 mkdir -p "$1"

@@ -4,13 +4,13 @@
 # after it (every figure also in loop-times: the host's speed beside the seconds). The issue's
 # targets: the suites under 20 s, the small lane under 50 s.
 #
-#   bash scripts/issue34_gpu.sh OUT_DIR
+#   bash reports/h200/issue34_gpu.sh OUT_DIR
 #
 # Writes OUT_DIR/suites.log and OUT_DIR/bench-small.log (wall, loop, per file, slowest tests), with
 # each run's report in OUT_DIR/suites/ and OUT_DIR/bench-small/. Exits non-zero if a run fails.
 set -uo pipefail
 if [ $# -ne 1 ]; then
-    echo "usage: bash scripts/issue34_gpu.sh OUT_DIR" >&2
+    echo "usage: bash reports/h200/issue34_gpu.sh OUT_DIR" >&2
     exit 2
 fi
 mkdir -p "$1"

@@ -15,8 +15,8 @@ and each step's logits are compared bit for bit (torch.equal): G against T0, G a
 against T1. If T0 equals G and T1 does not, a step's real rows depend on what the engine held
 from earlier steps (its padded rows, say), not on the graph.
 
-    python scripts/history_probe.py --runtime reference --graph-backend emulated --modes FULL   # anywhere
-    python scripts/history_probe.py --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime --preset small
+    python reports/h200/vllm/history_probe.py --runtime reference --graph-backend emulated --modes FULL   # anywhere
+    python reports/h200/vllm/history_probe.py --runtime cudagraph_vllm_engine.runtime:VllmEngineRuntime --preset small
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 
 
 def probe_arguments(doc: str) -> argparse.ArgumentParser:
-    """The options of the engine probes (this one, scripts/process_state_probe.py)."""
+    """The options of the engine probes (this one, reports/h200/vllm/process_state_probe.py)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--runtime", default="reference")
     parser.add_argument("--graph-backend", default="cuda")

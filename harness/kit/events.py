@@ -1,0 +1,63 @@
+"""An event log for a runtime that drives a real engine: one line about each stage (build,
+capture, a first step, a failure) to a logger and, where an environment variable names a file,
+appended there, so that a GPU run that dies still says how far it got and how long each stage took."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+
+class EventLog:
+    """`event(message)` and `timed(what)` for one runtime: `logger` names the package, `variable`
+    the environment variable that may name the events file."""
+
+    def __init__(self, logger: str, variable: str):
+        self.name, self.variable = logger, variable
+        self._log = logging.getLogger(logger)
+
+    def event(self, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        self._log.info(line)
+        path = os.environ.get(self.variable)
+        if path:
+            try:
+                with open(path, "a") as handle:
+                    handle.write(line + "\n")
+            except OSError as exc:  # the log is a help, never a reason to fail a test
+                print(f"{self.name}: cannot append to {path}: {exc}", file=sys.stderr)
+
+    @contextmanager
+    def timed(self, what: str):
+        """The stage's seconds as an event, or FAILED with the error where it raises."""
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException as exc:
+            self.event(f"FAILED {what} after {time.perf_counter() - start:.1f}s: {type(exc).__name__}: {exc}")
+            raise
+        self.event(f"{what}: {time.perf_counter() - start:.1f}s")
+
+
+class _Collected(logging.Handler):
+    def __init__(self, word: str):
+        super().__init__(logging.WARNING)
+        self.word, self.messages = word.lower(), []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if self.word in message.lower() and message not in self.messages:
+            self.messages.append(message)
+
+
+@contextmanager
+def collected_warnings(logger: str, word: str):
+    """The engine's warnings (WARNING or above on `logger`) that name `word`, each once, while active."""
+    handler = _Collected(word)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logging.getLogger(logger).removeHandler(handler)

@@ -1,0 +1,79 @@
+"""The shared generation scenario (harness/scenarios/generation.py) on a stand-in engine, and the
+one smoke driver (`python -m harness.smoke`) on the reference runtime with the CPU graph emulator."""
+from types import SimpleNamespace
+
+import pytest
+
+from harness import smoke
+from harness.protocol import Request
+from harness.scenarios.batches import prompt, token
+from harness.scenarios.generation import generation, numbered
+
+
+class Recorder:
+    def __init__(self):
+        self.steps, self.released = [], []
+
+    def step(self, requests):
+        self.steps.append(list(requests))
+        return SimpleNamespace(num_tokens=sum(len(r.token_ids) for r in requests))
+
+    def release(self, request_id):
+        self.released.append(request_id)
+
+
+def test_requests_join_decode_and_leave_the_longest_running_first():
+    engine = Recorder()
+    joins = numbered({0: [3, 2], 2: [4]}, first_id=100)
+    list(generation(engine, None, joins, leaves={1: 1}, steps=4))
+    assert [[r.request_id for r in step] for step in engine.steps] == [[100, 101], [100, 101], [101, 120], [101, 120]]
+    assert engine.steps[0][0] == Request(100, prompt(100, 3), 0)
+    assert engine.steps[1][0] == Request(100, (token(100, 3),), 3)  # no anchor: the scenario's own next token
+    assert engine.released == [100, 101, 120]
+
+
+def test_with_an_anchor_each_request_continues_with_its_greedy_token_and_q_minus_1_drafts():
+    import torch
+
+    class Anchor:
+        def step(self, requests, history):
+            rows = sum(len(r.token_ids) for r in requests)
+            logits = torch.zeros(rows, 50)
+            logits[:, 42] = 1.0
+            return logits
+
+    engine = Recorder()
+    list(generation(engine, Anchor(), {0: [(7, 3)]}, steps=2, q=2))
+    assert engine.steps[1] == [Request(7, (42, 1 + (42 + 1) % 200), 3)]
+
+
+def test_the_smoke_driver_builds_through_the_suites_factory_and_runs_the_scenario(capsys):
+    assert smoke.main(["--runtime", "reference", "--graph-backend", "emulated", "--presets", "tiny",
+                       "--modes", "NONE,FULL"]) == 0
+    out = capsys.readouterr().out
+    assert "preset=tiny mode=FULL summary: ran ['NONE@19', 'FULL@4'" in out and "failed: none" in out
+    assert out.count("eager at the same shape: bit-equal") == 2 * smoke.STEPS
+
+
+def test_an_unknown_runtime_is_one_line_and_exit_status_2(capsys):
+    assert smoke.main(["--runtime", "no-such-runtime"]) == 2
+    assert capsys.readouterr().err.startswith("harness.smoke: unknown runtime 'no-such-runtime'")
+
+
+def test_a_step_that_fails_is_reported_and_the_exit_status_is_1(capsys, monkeypatch):
+    def broken_generation(*args, **kwargs):
+        raise RuntimeError("the stand-in engine stopped")
+        yield
+
+    monkeypatch.setattr(smoke, "generation", broken_generation)
+    assert smoke.main(["--runtime", "reference", "--graph-backend", "emulated", "--presets", "tiny",
+                       "--modes", "NONE"]) == 1
+    assert "mode=NONE FAILED: RuntimeError: the stand-in engine stopped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["cudagraph_vllm_engine.smoke", "cudagraph_lmdeploy_engine.smoke"])
+def test_each_real_engine_plugin_keeps_its_smoke_module_and_config(module):
+    import importlib
+
+    plugin = importlib.import_module(module)
+    assert callable(plugin.main) and callable(plugin.engine_config)
