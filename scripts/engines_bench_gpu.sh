@@ -12,7 +12,8 @@
 # Files in OUT (at most 7): run.log (every stage, as it goes), install.log (lmdeploy), bench-ENGINE.log,
 # conformance-ENGINE.json, bench-reference.log, conformance-reference.json, benchmark-ENGINE.json.
 # Budget ENGINES_BENCH_BUDGET_S (290) from the start; the reference gets what is left, 70 s at least
-# (ENGINES_BENCH_REFERENCE=0 leaves it out). CUDAGRAPH_BENCH_BATCHES="" would not give the whole sweep:
+# (ENGINES_BENCH_REFERENCE=0 leaves it out). ENGINES_BENCH_K selects tests with pytest's -k (e.g.
+# "not serving" where the budget is short; the deselected tests are counted in the report). CUDAGRAPH_BENCH_BATCHES="" would not give the whole sweep:
 # name its batches (suites/test_step_latency.py SWEEP).
 # Exit status: the engine lane's pytest status (2: the engine does not install or import).
 set -uo pipefail
@@ -73,6 +74,7 @@ lane() {  # RUNTIME NAME SECONDS: the benchmark lane, stopped with SIGINT at SEC
     timeout -s INT -k 20 "$seconds" "$python" -m pytest suites/test_step_latency.py suites/test_serving.py \
         --runtime "$1" --graph-backend cuda --bench-preset "$preset" --benchmark-only -p no:xdist \
         -p no:cacheprovider --report-dir "$scratch/$2" --benchmark-json "$scratch/$2/benchmark.json" \
+        ${ENGINES_BENCH_K:+-k "$ENGINES_BENCH_K"} --test-timeout 240 \
         -q -rs --tb=short --show-capture=no --durations=10 > "$out/bench-$2.log" 2>&1
     local status=$?
     cp "$scratch/$2/conformance-$2.json" "$out/" 2>/dev/null || say "$2: the lane wrote no report"
