@@ -62,3 +62,17 @@ def test_a_file_that_is_not_a_report_gets_one_line(tmp_path, capsys):
     assert engines_report.main([str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a readable JSON report" in err
+
+
+def test_the_lane_runs_on_the_batches_named_and_refuses_others():
+    spec = importlib.util.spec_from_file_location("step_latency", ROOT / "suites" / "test_step_latency.py")
+    step_latency = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_latency)
+    assert step_latency.batches(None) == step_latency.SWEEP
+    assert step_latency.batches("1,8,64,256") == [1, 8, 64, 256]
+    try:
+        step_latency.batches("1,300")
+    except ValueError as error:
+        assert "give batches of the sweep" in str(error) and "'1,8,64,256'" in str(error)
+    else:
+        raise AssertionError("a batch outside the sweep was accepted")
