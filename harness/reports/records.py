@@ -48,6 +48,7 @@ class Capture(Record):
     memory_bytes: int | None = None  # None where the runtime cannot measure it (CaptureReport)
     graph_backend: str = "cuda"  # emulator figures are the emulator's, not a GPU's
     observed_captures: int | None = None  # graphs the harness saw captured
+    unavailable: dict | None = None  # figure -> why the runtime cannot give it
 
 
 @dataclass
@@ -78,6 +79,19 @@ class Latency(Record):
     rounds: int | None = None
     host_ref_ms: float | None = None  # harness.reports.timing.host_reference_ms: the median of one before every third timed round
     host_step_ms: float | None = None  # median time until the step returned, before the wait: the host's own part
+    unavailable: dict | None = None  # figure -> why the runtime cannot give it (None where it gave them all)
+
+
+@dataclass
+class HarnessCost(Record):
+    kind = "harness_cost"
+    batch: int
+    mode: str
+    bare_ms: float  # the engine's own step call, then a device sync
+    observed_ms: float  # the same step through the harness's ObservedEngine.step
+    harness_ms: float
+    fraction: float  # harness_ms / bare_ms
+    limit: float  # the fraction the benchmark check allows
 
 
 @dataclass
