@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import weakref
+from pathlib import Path
 
 from harness import protocol as p
 
 from . import __version__, settings
-from .runtime import KNOWN_FAILURES, PRECISION_WHY, VllmEngineRuntime, precision
+from .runtime import PRECISION_WHY, VllmEngineRuntime, precision
 from .v1_policy import RUNNER_SWITCH
 
+KNOWN_FAILURES = Path(__file__).with_name("known_failures_v1.toml")
 NOTES = ("vLLM {vllm} V1 model runner (GPUModelRunner, CudagraphDispatcher), in-process, {backend} attention; this "
          "runtime is the scheduler: each step re-sends every scheduled request as a resumed request with its tokens "
          "(NewRequestData); a request of q = k + 1 tokens after a context in an engine with k speculative tokens is a "

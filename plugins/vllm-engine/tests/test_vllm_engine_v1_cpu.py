@@ -198,3 +198,12 @@ def test_the_runtime_refuses_to_start_without_a_gpu(monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     with pytest.raises(p.RuntimeUnavailable, match="no"):
         VllmEngineV1Runtime()
+
+
+def test_v1_has_its_own_known_failures_none_of_them_inherited_from_v2():
+    from harness.session import known_failures
+
+    from cudagraph_vllm_engine import runtime, v1_runtime
+
+    assert v1_runtime.VllmEngineV1Runtime.known_failures != runtime.VllmEngineRuntime.known_failures
+    assert known_failures.load(v1_runtime.VllmEngineV1Runtime.known_failures) == []
