@@ -39,9 +39,11 @@ def as_dispatch(mode, desc) -> p.Dispatch:
 
 
 def resolve_v1(vllm_config, support, backend_name: str, decode_query_len: int):
+    """The mode GPUModelRunner._check_and_update_cudagraph_mode resolves (its max_num_reqs: max_num_seqs)."""
     return vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
         support, backend_name, decode_query_len, use_v2_model_runner=False,
-        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size)
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
 
 
 def v1_args(model_dir, config: p.PolicyConfig, **kwargs):

@@ -98,6 +98,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
         answered = (expected.mode, list(expected.sizes), v1_graph_keys(expected.dispatcher))
         if built != answered:
+            settings.event(f"{label}: BUILD CHECK FAILED: engine {built}; V1 policy {answered}")
             engine.close()
             raise RuntimeError(f"{label}: vLLM's V1 engine resolved {built[0]}, capture sizes {built[1]}, keys "
                                f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
