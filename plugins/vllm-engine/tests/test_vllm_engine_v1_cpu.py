@@ -207,3 +207,12 @@ def test_v1_has_its_own_known_failures_none_of_them_inherited_from_v2():
 
     assert v1_runtime.VllmEngineV1Runtime.known_failures != runtime.VllmEngineRuntime.known_failures
     assert known_failures.load(v1_runtime.VllmEngineV1Runtime.known_failures) == []
+
+
+def test_v1_keys_and_answers_are_read_off_vllms_dispatcher_not_rewritten():
+    from cudagraph_vllm_engine.v1_policy import as_dispatch, v1_graph_keys
+
+    dispatcher = SimpleNamespace(cudagraph_keys={Mode.FULL: {Desc(8, 8, True), Desc(4, 4, True)},
+                                                 Mode.PIECEWISE: {Desc(16)}, Mode.NONE: set()})
+    assert v1_graph_keys(dispatcher) == {"FULL": ((4, 4, True, 0), (8, 8, True, 0)), "PIECEWISE": ((16, 0, False, 0),)}
+    assert as_dispatch(Mode.FULL, Desc(8, 8, True, True, 1)) == p.Dispatch("FULL", p.Descriptor(8, 8, True, True, 1))
