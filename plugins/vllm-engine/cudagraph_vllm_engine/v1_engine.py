@@ -1,0 +1,280 @@
+"""A real vLLM 0.25 engine on one GPU with its V1 model runner (vllm/v1/worker/gpu_model_runner.py)
+and that runner's CudagraphDispatcher, driven one exact batch at a time.
+
+Built as engine.py builds the V2 engine (same EngineArgs, fixed KV blocks, capture by
+`capture_model`, the same release rules), with vLLM's runner switch set to V1 (v1_policy.
+RUNNER_SWITCH). What differs is read from the V1 runner: the dispatcher's keys and what it
+returned (v1_observer.py), the forward context the forward ran under, and, for speculative
+configs, verify steps: a request of q = k + 1 tokens at a context is one sampled token and k
+drafts, handed over as vLLM's scheduler hands drafts (`scheduled_spec_decode_tokens`).
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+from harness import protocol as p
+
+from . import attention_trace, ngram_stand_in, settings
+from .engine import DEFAULT_KV_TOKENS, SAMPLE_CHECK, EngineError, VllmEngine
+from .requests import Requests
+from .v1_observer import V1StepObserver
+from .v1_policy import RUNNER_SWITCH, v1_args, v1_graph_keys
+
+
+def verify_split(all_tokens, context_len: int, num_new: int, num_speculative_tokens: int):
+    """(tokens vLLM has as the request's, drafts) for one request of a step: a request bringing
+    exactly q = k + 1 tokens after some context is a verify step (its first token is the one
+    sampled last, the rest are drafts); anything else brings no drafts."""
+    tokens = tuple(all_tokens)
+    if num_speculative_tokens and context_len > 0 and num_new == num_speculative_tokens + 1:
+        return tokens[:context_len + 1], tokens[context_len + 1:]
+    return tokens, ()
+
+
+class VllmV1Engine(VllmEngine):
+    def _build(self) -> None:
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        config, label = self.config, self.label
+        policy = config.policy
+        self.num_speculative_tokens = policy.num_speculative_tokens
+        attention_trace.install()
+        args = v1_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
+                       max_model_len=config.max_model_len + 1 + policy.num_speculative_tokens)
+        with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
+                settings.process_state_restored():
+            self.vllm_config = vllm_config = settings.create_vllm_config(args)
+            if vllm_config.use_v2_model_runner:
+                raise EngineError(f"vLLM chose its V2 model runner although {RUNNER_SWITCH}=0; this runtime drives "
+                                   "the V1 runner (vllm/v1/worker/gpu_model_runner.py) only")
+            if policy.num_speculative_tokens:
+                settings.event(f"  {label}: ngram proposer: {ngram_stand_in.install()}")
+            with settings.timed(f"  {label}: executor (worker, device, model load)"):
+                self.executor = UniProcExecutor(vllm_config)
+            self.live.add(self)
+            self.runner = self.executor.driver_worker.worker.model_runner
+            if not hasattr(self.runner, "cudagraph_dispatcher"):
+                raise EngineError(f"vLLM's model runner {type(self.runner).__module__}.{type(self.runner).__name__} "
+                                   "has no cudagraph_dispatcher: not the V1 GPUModelRunner")
+            with set_current_vllm_config(vllm_config):
+                specs = self.executor.get_kv_cache_specs()
+                with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
+                    self.runner.profile_run()
+                block_size = self._block_size(specs)
+                kv_tokens = config.kv_tokens or DEFAULT_KV_TOKENS
+                num_blocks = 1 + -(-kv_tokens // block_size) + policy.max_num_seqs
+                vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+                register_all_kvcache_specs(vllm_config)
+                kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
+                if kv_configs[0].num_blocks != num_blocks:
+                    raise EngineError(f"vLLM made {kv_configs[0].num_blocks} KV blocks; this runtime asked for {num_blocks}")
+                with settings.timed(f"  {label}: KV cache and dispatcher keys"):
+                    self.executor.collective_rpc("initialize_from_config", args=(kv_configs,))
+        self.build_warnings = tuple(warnings)
+        self.dispatcher = self.manager = self.runner.cudagraph_dispatcher
+        self.resolved = self.dispatcher.cudagraph_mode.name
+        self.attention = sorted({g.backend.get_name() for groups in self.runner.attn_groups for g in groups})
+        if self.attention != [settings.ATTENTION_BACKEND]:
+            raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
+                               f"{settings.ATTENTION_BACKEND} and declares its graph support only")
+        self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
+        sizes = getattr(self.runner, "kernel_block_sizes", None) or getattr(self.runner, "_init_kernel_block_sizes", None)
+        if not sizes or not isinstance(sizes[0], int):
+            raise EngineError(f"could not read the V1 runner's kernel block size (found {sizes!r})")
+        self.kernel_block_size = sizes[0]
+        self.requests = Requests(num_blocks, block_size, self.vocab, config.max_model_len, policy.max_num_seqs,
+                                 vllm_config.scheduler_config.max_num_batched_tokens)
+        self.observer = V1StepObserver(self.runner, self.vocab, config.max_model_len)
+        self.sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+        self.captured: p.CaptureReport | None = None
+        self.last = None
+        self.steps = 0
+        self.accepted: dict[int, int] = {}  # request id -> drafts vLLM's rejection sampler accepted, last step
+        settings.event(f"built {label}: V1 runner, resolved {self.resolved}, keys {self.graph_descriptors()}")
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    # -- capture ------------------------------------------------------------------------------
+    def capture(self) -> p.CaptureReport:
+        from vllm.compilation.counter import compilation_counter
+
+        if self.captured is not None:
+            raise RuntimeError("capture() already ran for this engine: vLLM captures once, at engine start, "
+                               "and the capture phase is over")
+        counted_before = compilation_counter.num_cudagraph_captured
+        descs = [] if self.resolved == "NONE" else self.dispatcher.get_capture_descs()
+        self.observer.start()
+        with settings.timed(f"capture {self.label}"):
+            start = time.perf_counter()
+            with self._set_config(self.vllm_config), settings.process_state_restored():
+                memory = self.runner.capture_model()
+            seconds = time.perf_counter() - start
+        graphs = {mode.name: len(batch) for mode, batch in descs if batch}
+        order = [(mode.name, desc.num_tokens) for mode, batch in descs for desc in batch]
+        self.captured = p.CaptureReport(graphs, seconds, int(memory or 0), order)
+        settings.event(f"captured {self.label}: {graphs} in {seconds:.2f}s, {int(memory or 0) / 2**20:.1f} MiB (vLLM's "
+                       f"measure); compilation_counter.num_cudagraph_captured +"
+                       f"{compilation_counter.num_cudagraph_captured - counted_before}; order {order}")
+        return self.captured
+
+    def sizes_with_graphs(self) -> list[int]:
+        return sorted({size for keys in self.graph_descriptors().values() for size, *_ in keys})
+
+    def graph_descriptors(self) -> dict[str, tuple]:
+        return v1_graph_keys(self.dispatcher)
+
+    # -- steps --------------------------------------------------------------------------------
+    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+        import torch
+
+        planned = self.requests.plan(requests)
+        output = self._scheduler_output(planned)
+        real = sum(q.num_new for q in planned)
+        record = self.observer.start(real_tokens=real, eager_size=eager_size, fill=padding_fill)
+        first = self.steps == 0
+        start = time.perf_counter()
+        try:
+            with self._set_config(self.vllm_config), settings.process_state_restored():
+                self.executor.execute_model(output)
+                state = getattr(self.runner, "execute_model_state", None)
+                if state is None:
+                    raise EngineError("vLLM's V1 model runner left no execute_model_state after execute_model")
+                rows = self._rows(self.runner, planned)
+                with torch.inference_mode():
+                    index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
+                    logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
+                sampled = self.executor.sample_tokens(None)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"vLLM (V1 runner) failed on a step of {len(requests)} requests ({real} tokens): "
+                               f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.observer.stop()
+        self.requests.commit(planned)
+        self.steps += 1
+        padded = self._padded(record)
+        self._check(record, padded, planned, rows, logits, sampled)
+        self.last = record
+        if first:
+            settings.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at {padded}; "
+                           f"dispatched {[(m.name, d) for m, d in record.dispatched]})")
+        return p.StepResult(logits, record.path, real, padded)
+
+    @staticmethod
+    def _padded(record) -> int:
+        if record.forwards != 1 or record.ran is None:
+            raise EngineError(f"expected one model forward with a BatchDescriptor in its forward context; saw "
+                               f"{record.forwards} forwards, descriptor {record.ran!r}")
+        if record.forward_tokens != record.ran.num_tokens:
+            raise EngineError(f"the forward was given {record.forward_tokens} input ids, its forward context's "
+                               f"BatchDescriptor says {record.ran.num_tokens} tokens")
+        return record.ran.num_tokens
+
+    def _scheduler_output(self, planned):
+        """The SchedulerOutput vLLM's scheduler would send for these requests resumed with their tokens
+        so far, drafts of verify steps as scheduled_spec_decode_tokens (vllm/v1/core/sched/output.py)."""
+        from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+        output = SchedulerOutput.make_empty()
+        new, drafts = [], {}
+        for q in planned:
+            tokens, spec = verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)
+            new.append(NewRequestData(req_id=q.vllm_id, prompt_token_ids=list(tokens), mm_features=[],
+                                      sampling_params=self.sampling, pooling_params=None, block_ids=(list(q.blocks),),
+                                      num_computed_tokens=q.context_len, lora_request=None,
+                                      prefill_token_ids=list(tokens)))
+            if spec:
+                drafts[q.vllm_id] = list(spec)
+        output.scheduled_new_reqs = new
+        output.scheduled_spec_decode_tokens = drafts
+        output.num_scheduled_tokens = {q.vllm_id: q.num_new for q in planned}
+        output.total_num_scheduled_tokens = sum(q.num_new for q in planned)
+        output.num_common_prefix_blocks = [0]
+        output.finished_req_ids = self.requests.take_finished()
+        return output
+
+    @staticmethod
+    def _rows(runner, planned):
+        """Each request's rows in the V1 runner's persistent batch (its query_start_loc)."""
+        req_ids = list(runner.input_batch.req_ids)
+        where = {req_id: i for i, req_id in enumerate(req_ids)}
+        starts = runner.query_start_loc.np
+        rows = []
+        for q in planned:
+            if q.vllm_id not in where:
+                raise EngineError(f"vLLM's V1 batch has no request {q.vllm_id}; it ran {req_ids}")
+            i = where[q.vllm_id]
+            span = range(int(starts[i]), int(starts[i + 1]))
+            if len(span) != q.num_new:
+                raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
+            rows.append((q, span))
+        return rows
+
+    def _check(self, record, padded, planned, rows, logits, sampled) -> None:
+        mode, desc = record.dispatched[-1] if record.dispatched else (None, None)
+        if desc is None:
+            raise EngineError("vLLM's CudagraphDispatcher was not called during the step")
+        if (mode.name, desc) != (record.path, record.ran):
+            raise EngineError(f"vLLM's dispatcher last chose {mode.name} {desc}, but the forward ran under "
+                               f"{record.path} {record.ran}")
+        if record.slot_mapping is None:
+            raise EngineError("the forward context held no slot mapping")
+        slots = record.slot_mapping.tolist()
+        for q, span in rows:
+            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
+            if slots[span.start:span.stop] != want:
+                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
+                                   f"runtime's block bookkeeping says {want}")
+        self.accepted = self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
+
+    def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
+        """Greedy sampling: each token vLLM sampled is the argmax of its row. A verify step's tokens are
+        the accepted drafts and one more, row by row from its first; another request's is its last row's."""
+        tolerance = SAMPLE_CHECK.get(self.config.dtype, 0.25)
+        row, bad, accepted = 0, [], {}
+        for q, span in rows:
+            first, row = row, row + len(span)
+            tokens = list(by_id.get(q.vllm_id) or [])
+            _, spec = verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)
+            if spec:
+                if not 1 <= len(tokens) <= len(spec) + 1:
+                    raise EngineError(f"vLLM sampled {tokens} for verify request {q.vllm_id} with drafts {list(spec)}")
+                accepted[q.request_id] = len(tokens) - 1
+                pairs = list(zip(range(first, first + len(tokens)), tokens))
+            else:
+                pairs = [(row - 1, tokens[-1])] if tokens else []
+            for index, token in pairs:
+                line = logits[index].float()
+                gap = float(line.max() - line[token])
+                if gap > tolerance:
+                    bad.append((q.vllm_id, index - first, token, int(line.argmax()), round(gap, 4)))
+        if bad:
+            raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
+                               f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")
+        return accepted
+
+    # -- inspection ---------------------------------------------------------------------------
+    def static_buffer_addresses(self) -> dict[str, int]:
+        runner = self.runner
+
+        def address(buffer) -> int:  # a CpuGpuBuffer (.gpu) or a plain device tensor
+            return getattr(buffer, "gpu", buffer).data_ptr()
+
+        return {name: address(getattr(runner, name)) for name in ("input_ids", "positions", "query_start_loc", "seq_lens")}
+
+    def capture_sizes(self) -> list[int]:
+        if self.resolved == "NONE":
+            return []
+        return sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or ())
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info.update(runner="v1", keys=self.graph_descriptors(), num_speculative_tokens=self.num_speculative_tokens)
+        return info

@@ -1,0 +1,110 @@
+"""The `vllm-engine-v1` runtime: vLLM 0.25 with its V1 model runner (vllm/v1/worker/
+gpu_model_runner.py) and that runner's CudagraphDispatcher, one GPU, in this process.
+
+- Policy: vLLM's own code for the V1 runner (v1_policy.py): resolution with
+  use_v2_model_runner=False, the keys of a CudagraphDispatcher on the same VllmConfig, its dispatch.
+- Execution: a real engine (v1_engine.py); the mode and padded size of every step read from the
+  dispatcher's answer and the forward context the forward ran under; ngram verify steps with the
+  drafts this runtime schedules.
+
+vLLM chooses its runner from VLLM_USE_V2_MODEL_RUNNER (vllm/envs.py); this runtime sets it to 0
+before vLLM is imported, so it cannot share a process with `vllm-engine` (the suites run one
+runtime per process).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+
+from harness import protocol as p
+
+from . import __version__, settings
+from .runtime import PRECISION_WHY, VllmEngineRuntime, precision
+from .v1_policy import RUNNER_SWITCH
+
+KNOWN_FAILURES = Path(__file__).with_name("known_failures_v1.toml")
+NOTES = ("vLLM {vllm} V1 model runner (GPUModelRunner, CudagraphDispatcher), in-process, {backend} attention; this "
+         "runtime is the scheduler: each step re-sends every scheduled request as a resumed request with its tokens "
+         "(NewRequestData); a request of q = k + 1 tokens after a context in an engine with k speculative tokens is a "
+         "verify step: its last k tokens are handed over as scheduled_spec_decode_tokens (ngram method; the proposer "
+         "proposes nothing where numba is missing: ngram_stand_in.py); mode and padded size: the forward context's "
+         "cudagraph_runtime_mode and BatchDescriptor, checked against the dispatcher's answer and the input length; "
+         "logits: compute_logits on every real token's hidden state, raw; eager_step: the dispatcher's answer "
+         "replaced by NONE at the padded shape; no LoRA adapters loaded (max_loras configures the keys only); "
+         "precision {precision}: {why}")
+
+
+def force_v1_runner(environ=os.environ) -> None:
+    """vLLM reads the switch when a VllmConfig asks which runner to use; an explicit 1 is refused."""
+    if environ.get(RUNNER_SWITCH, "0") not in ("0", "false", "False"):
+        raise p.RuntimeUnavailable(f"vllm-engine-v1 drives vLLM's V1 model runner; {RUNNER_SWITCH}="
+                                   f"{environ[RUNNER_SWITCH]!r} asks for V2 (unset it, or use vllm-engine)")
+    environ[RUNNER_SWITCH] = "0"
+
+
+class VllmEngineV1Runtime(VllmEngineRuntime):
+    name = "vllm-engine-v1"
+    known_failures = str(KNOWN_FAILURES)
+
+    def __init__(self):
+        settings.apply_environment()
+        force_v1_runner()
+        import torch
+
+        if not torch.cuda.is_available():
+            raise p.RuntimeUnavailable("vllm-engine-v1 runs vLLM on a CUDA GPU, and torch sees none here")
+        import vllm
+
+        from .policy import VERSION, check_version
+        from .v1_policy import VllmV1Policy
+
+        check_version(vllm.__version__)
+        self.policy = VllmV1Policy()
+        with settings.process_state_restored():
+            self.policy.answer(p.PolicyConfig(vllm_version=VERSION, runner="v1"))
+        self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
+        arithmetic = precision()
+        self.capabilities = p.Capabilities(
+            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
+            lora=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
+            attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
+            padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
+            outputs_alias_graph_buffers=False, precision=arithmetic,
+            memory_kept_per_build=self.MEMORY_KEPT,
+            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
+                               why=PRECISION_WHY[arithmetic]))
+        self.engines_built = 0
+        self.live = weakref.WeakSet()
+
+    # Not measured for V1 yet: V2's figure (reports/h200/vllm/run_16062a0/smoke.log) until the V1 lane's smoke says.
+    MEMORY_KEPT = 192 << 20
+
+    def build(self, config: p.EngineConfig):
+        import warnings
+
+        from .v1_engine import VllmV1Engine
+        from .v1_policy import v1_graph_keys
+
+        self._check_config(config)
+        if config.policy.max_loras:
+            raise ValueError("vllm-engine-v1 loads no LoRA adapter yet; max_loras is answered as policy only")
+        expected = self.policy.answer(config.policy)
+        self.engines_built += 1
+        policy = config.policy
+        label = (f"V1 engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
+                 f"tokens={policy.max_num_batched_tokens} k={policy.num_speculative_tokens}")
+        engine = VllmV1Engine(config, label, self.live)
+        built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
+        answered = (expected.mode, list(expected.sizes), v1_graph_keys(expected.dispatcher))
+        if built != answered:
+            settings.event(f"{label}: BUILD CHECK FAILED: engine {built}; V1 policy {answered}")
+            engine.close()
+            raise RuntimeError(f"{label}: vLLM's V1 engine resolved {built[0]}, capture sizes {built[1]}, keys "
+                               f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
+                               "for the same config: the policy questions would be answered for another engine")
+        engine.resolution = p.Resolution(policy.mode, engine.resolved, engine.build_warnings)
+        if engine.resolved != policy.mode:
+            for message in engine.build_warnings:
+                warnings.warn(f"vLLM: {message}", stacklevel=2)
+        return engine
