@@ -5,7 +5,5 @@ import warnings
 
 from harness.kit.block_book import BlockBook, Live
 
-__all__ = ["BlockBook", "Live"]
-
 warnings.warn("harness.block_book moved to harness.kit.block_book; import BlockBook and Live from there",
               DeprecationWarning, stacklevel=2)

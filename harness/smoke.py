@@ -236,3 +236,9 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "Log", "drive", "engine_config", "capture_counted", "step_counted", "close_and_measure", "main",
+]

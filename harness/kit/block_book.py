@@ -115,3 +115,9 @@ class BlockBook:
             raise ValueError(f"request {request_id} holds blocks for positions 0..{len(live.blocks) * self.block_size - 1}"
                              f", not {position}")
         return live
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "Live", "BlockBook",
+]

@@ -31,3 +31,9 @@ def require_cuda(runtime: str, what: str) -> None:
 
     if not torch.cuda.is_available():
         raise p.RuntimeUnavailable(f"{runtime} runs {what} on a CUDA GPU, and torch sees none here")
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "check_one_gpu_config", "check_mode", "require_cuda",
+]

@@ -19,3 +19,9 @@ class PolicyDelegate:
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         return self.policy.resolve_mode(request)
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "PolicyDelegate",
+]

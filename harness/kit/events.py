@@ -61,3 +61,9 @@ def collected_warnings(logger: str, word: str):
         yield handler.messages
     finally:
         logging.getLogger(logger).removeHandler(handler)
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "EventLog", "collected_warnings",
+]

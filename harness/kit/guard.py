@@ -83,3 +83,9 @@ def own_random(rng: EngineRandom):
         yield
     finally:
         rng.swap_out(caller)
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "apply_environment", "environment_restored", "random_forked", "EngineRandom", "own_random",
+]

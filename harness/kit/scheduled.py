@@ -75,3 +75,9 @@ class ScheduledEngine:
                               f"{num_padded_tokens})")
         logits = ran.logits if hasattr(ran, "logits") else ran[0]
         return p.StepResult(logits, record.path, num_real_tokens, num_padded_tokens)
+
+
+# The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
+__all__ = [
+    "ScheduledEngine",
+]

@@ -129,43 +129,30 @@ class VllmV1Engine(VllmEngine):
     def graph_descriptors(self) -> dict[str, tuple]:
         return v1_graph_keys(self.dispatcher)
 
-    # -- steps --------------------------------------------------------------------------------
-    def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
+    # -- steps: ScheduledEngine's step with the V1 runner's forward and its checks ------------------
+    def prepare(self, planned):
+        self.observer.expect(sum(q.num_new for q in planned))
+        return self._scheduler_output(planned)
+
+    def forward(self, planned, output):
         import torch
 
-        planned = self.requests.plan(requests)
-        output = self._scheduler_output(planned)
-        real = sum(q.num_new for q in planned)
-        record = self.observer.start(real_tokens=real, eager_size=eager_size, fill=padding_fill)
-        first = self.steps == 0
-        start = time.perf_counter()
-        try:
-            with self._set_config(self.vllm_config), settings.process_state_restored():
-                self.executor.execute_model(output)
-                state = getattr(self.runner, "execute_model_state", None)
-                if state is None:
-                    raise EngineError("vLLM's V1 model runner left no execute_model_state after execute_model")
-                rows = self._rows(self.runner, planned)
-                with torch.inference_mode():
-                    index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
-                    logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
-                sampled = self.executor.sample_tokens(None)
-        except EngineError:
-            raise
-        except Exception as exc:
-            raise RuntimeError(f"vLLM (V1 runner) failed on a step of {len(requests)} requests ({real} tokens): "
-                               f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self.observer.stop()
-        self.requests.commit(planned)
-        self.steps += 1
+        self.executor.execute_model(output)
+        state = getattr(self.runner, "execute_model_state", None)
+        if state is None:
+            raise EngineError("vLLM's V1 model runner left no execute_model_state after execute_model")
+        rows = self._rows(self.runner, planned)
+        with torch.inference_mode():
+            index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
+            logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
+        sampled = self.executor.sample_tokens(None)
+        return logits, state, rows, sampled
+
+    def check_step(self, record, planned, output, ran) -> int:
+        logits, _, rows, sampled = ran
         padded = self._padded(record)
         self._check(record, padded, planned, rows, logits, sampled)
-        self.last = record
-        if first:
-            settings.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at {padded}; "
-                           f"dispatched {[(m.name, d) for m, d in record.dispatched]})")
-        return p.StepResult(logits, record.path, real, padded)
+        return padded
 
     @staticmethod
     def _padded(record) -> int:

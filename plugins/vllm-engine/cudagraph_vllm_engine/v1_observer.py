@@ -68,8 +68,12 @@ class V1StepObserver:
         dispatcher.dispatch = dispatch
         runner._model_forward = model_forward
 
-    def start(self, real_tokens: int = 0, eager_size: int | None = None, fill: str | None = None) -> V1StepRecord:
-        self.record, self.real_tokens, self.eager_size, self.fill = V1StepRecord(), real_tokens, eager_size, fill
+    def expect(self, num_real_tokens: int) -> None:
+        """The next step's real tokens (the rows a padding fill must leave alone)."""
+        self.real_tokens = num_real_tokens
+
+    def start(self, eager_size: int | None = None, fill: str | None = None) -> V1StepRecord:
+        self.record, self.eager_size, self.fill = V1StepRecord(), eager_size, fill
         return self.record
 
     def stop(self) -> None:

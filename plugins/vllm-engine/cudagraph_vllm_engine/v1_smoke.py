@@ -1,6 +1,6 @@
 """The V1 smoke stage: vLLM 0.25's V1 model runner (vllm-engine-v1) built for each mode asked
 (default FULL_AND_PIECEWISE and FULL_DECODE_ONLY), captured, six steps against transformers and an
-eager step each (smoke.drive), then an ngram engine (k = 2) with verify steps of q = 3: drafts that
+eager step each (harness.smoke.drive, the kit's one smoke driver), then an ngram engine (k = 2) with verify steps of q = 3: drafts that
 transformers' argmax would accept, then drafts it would reject, each step's logits against
 transformers and the drafts vLLM's rejection sampler accepted. SMOKE lines as smoke.py prints them.
 
@@ -17,7 +17,11 @@ import traceback
 from dataclasses import replace
 
 from . import settings
-from .smoke import PRESET, close_and_measure, drive, engine_config, say
+from .smoke import PRESET, engine_config
+
+
+def say(text: str) -> None:
+    print("SMOKE", text, flush=True)
 
 
 def main(argv=None) -> int:
@@ -29,22 +33,21 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     import torch
 
+    from harness import smoke
     from harness.expectations import presets
     from harness.expectations.anchor import Anchor
-    from harness.graphs.log import watch_cuda_graphs
 
     from .v1_runtime import VllmEngineV1Runtime
 
-    watch_cuda_graphs()
+    smoke.watch_cuda_graphs()
     with settings.timed("v1 smoke: runtime (imports vLLM)"):
         runtime = VllmEngineV1Runtime()
     say(f"runtime {runtime.name} {runtime.version}; torch {torch.__version__}; {torch.cuda.get_device_name(0)}")
     say(f"capabilities: {runtime.capabilities.summary()}")
-    anchor = Anchor(str(presets.checkpoint(PRESET)), device="cuda")
-    failed = []
-    for mode in [m for m in args.modes.split(",") if m]:
-        failed += stage(f"mode={mode}", lambda: one_mode(runtime, anchor, mode))
+    modes = [m for m in args.modes.split(",") if m]
+    failed = smoke.drive(runtime, modes, (PRESET,), log=smoke.Log()) if modes else []
     if args.k:
+        anchor = Anchor(str(presets.checkpoint(PRESET)), device="cuda")
         failed += stage(f"ngram k={args.k}", lambda: verify(runtime, anchor, args.k))
     say(f"done in {time.perf_counter() - start:.1f}s; failed: {failed or 'none'}")
     return 1 if failed else 0
@@ -58,25 +61,6 @@ def stage(label: str, run) -> list[str]:
         say(f"{label} FAILED")
         print(traceback.format_exc(), flush=True)
         return [label]
-
-
-def one_mode(runtime, anchor, mode: str) -> None:
-    import gc
-    import weakref
-
-    import torch
-
-    gc.collect()
-    before = torch.cuda.memory_allocated()
-    config = engine_config(runtime, mode)
-    engine = runtime.build(config)
-    say(f"mode={mode} built: {engine.describe()}")
-    opened = (engine, before, weakref.ref(engine.runner.model))
-    try:
-        drive(runtime, anchor, engine, config, mode)
-    finally:
-        del engine
-        close_and_measure(opened, f"mode={mode}")
 
 
 def verify(runtime, anchor, k: int) -> None:

@@ -114,7 +114,8 @@ class FakeRunner:
 
 
 def run_step(observer, runner, context, real, padded, **start):
-    observer.start(real_tokens=real, **start)
+    observer.expect(real)
+    observer.start(**start)
     mode, desc = runner.cudagraph_dispatcher.dispatch(real)
     context.cudagraph_runtime_mode, context.batch_descriptor = mode, desc
     context.slot_mapping = {"layer.0": torch.arange(100, 100 + desc.num_tokens)}
