@@ -3,6 +3,9 @@ gpu_model_runner.py) and that runner's CudagraphDispatcher, one GPU, in this pro
 
 - Policy: vLLM's own code for the V1 runner (v1_policy.py): resolution with
   use_v2_model_runner=False, the keys of a CudagraphDispatcher on the same VllmConfig, its dispatch.
+  Not declared as vLLM's policy (`vllm_policy`): the harness models vLLM 0.25's V2 runner only
+  (harness.vocabulary.VLLM_RELEASES), so the spec's 0.25 values would be V2's. The suites hold this
+  runtime to its own answers, checked against what its engine does at every build and step.
 - Execution: a real engine (v1_engine.py); the mode and padded size of every step read from the
   dispatcher's answer and the forward context the forward ran under; ngram verify steps with the
   drafts this runtime schedules.
@@ -66,8 +69,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
-            lora=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
+            capture_sizes=True, dispatch=True, mode_resolution=True, lora=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic,
