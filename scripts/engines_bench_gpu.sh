@@ -71,6 +71,7 @@ fi
 lane() {  # RUNTIME NAME SECONDS: the benchmark lane, stopped with SIGINT at SECONDS so its report is written
     local seconds=$3; seconds=$(( seconds < 60 ? 60 : seconds ))
     say "== benchmark lane: $2 (at most ${seconds}s)"
+    mkdir -p "$scratch/$2"  # pytest-benchmark opens its JSON file before the harness makes the report dir
     timeout -s INT -k 20 "$seconds" "$python" -m pytest suites/test_step_latency.py suites/test_serving.py \
         --runtime "$1" --graph-backend cuda --bench-preset "$preset" --benchmark-only -p no:xdist \
         -p no:cacheprovider --report-dir "$scratch/$2" --benchmark-json "$scratch/$2/benchmark.json" \

@@ -115,12 +115,15 @@ class VllmV1Engine(VllmEngine):
             with self._set_config(self.vllm_config), settings.process_state_restored():
                 memory = self.runner.capture_model()
             seconds = time.perf_counter() - start
-        graphs = {mode.name: len(batch) for mode, batch in descs if batch}
+        # vLLM counts every CUDA graph it captures, a FULL key's one and each piece of a PIECEWISE
+        # key's; the FULL keys are the dispatcher's, so the rest are pieces.
+        captured = compilation_counter.num_cudagraph_captured - counted_before
+        full = sum(len(batch) for mode, batch in descs if mode.name == "FULL")
+        graphs = {mode: count for mode, count in (("PIECEWISE", captured - full), ("FULL", full)) if count}
         order = [(mode.name, desc.num_tokens) for mode, batch in descs for desc in batch]
         self.captured = p.CaptureReport(graphs, seconds, int(memory or 0), order)
         settings.event(f"captured {self.label}: {graphs} in {seconds:.2f}s, {int(memory or 0) / 2**20:.1f} MiB (vLLM's "
-                       f"measure); compilation_counter.num_cudagraph_captured +"
-                       f"{compilation_counter.num_cudagraph_captured - counted_before}; order {order}")
+                       f"measure); compilation_counter.num_cudagraph_captured +{captured}; order {order}")
         return self.captured
 
     def sizes_with_graphs(self) -> list[int]:
