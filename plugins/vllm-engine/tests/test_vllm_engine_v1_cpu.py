@@ -207,7 +207,11 @@ def test_v1_has_its_own_known_failures_none_of_them_inherited_from_v2():
     from cudagraph_vllm_engine import runtime, v1_runtime
 
     assert v1_runtime.VllmEngineV1Runtime.known_failures != runtime.VllmEngineRuntime.known_failures
-    assert known_failures.load(v1_runtime.VllmEngineV1Runtime.known_failures) == []
+    entries = known_failures.load(v1_runtime.VllmEngineV1Runtime.known_failures)
+    assert entries and all("vllm-engine-v1" in entry.test for entry in entries)
+    # Each is bounded: by a message it must match, and where a difference is its finding, by its size.
+    assert all(entry.match for entry in entries)
+    assert all(entry.max_difference for entry in entries if "differs" in entry.reason or "differed" in entry.reason)
 
 
 def test_v1_keys_and_answers_are_read_off_vllms_dispatcher_not_rewritten():
