@@ -366,8 +366,9 @@ def bench_engines(runtime, graph_backend, pytestconfig):
     off = header.benchmark_lane_off(pytestconfig, graph_backend)
     if off is not None:  # no GPU, or pytest-benchmark off (each test would run once, untimed, and find no timings)
         pytest.skip(off)
-    from harness.runtime.observe import BENCHMARK_ENGINE, EngineFactory
+    from harness.runtime.observe import EngineFactory, benchmark_engine
 
-    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"), **BENCHMARK_ENGINE)
+    factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"),
+                            **benchmark_engine(runtime))
     yield factory
     factory.close()

@@ -143,8 +143,8 @@ def findings(engines: list[dict]) -> str:
             lines.append(f"- {engine['runtime']} b={batch}: eager/FULL {_ms(shapes['speedup'][batch])}, "
                          f"FULL/floor {_ms(shapes['floor'].get(batch))}")
         for h in engine["harness_cost"]:
-            lines.append(f"- {engine['runtime']}: the harness adds {h['harness_ms']:.4f} ms "
-                         f"({h['fraction']:.1%}) to a FULL step at batch 1 of {h['bare_ms']:.4f} ms")
+            lines.append(f"- {engine['runtime']}: at batch 1 the harness adds [{h['harness_ms']:.4f} ms to a bare FULL "
+                         f"step of {h['bare_ms']:.4f} ms, a fraction of {h['fraction']:.3f}](table.md)")
     lines += ["", "## Figures the engines could not give", ""] + (unavailable(engines) or ["- none"])
     lines += ["", "## Causes (to measure: host time per step, launches outside the graph, copies)", "", "- TODO"]
     return "\n".join(lines) + "\n"

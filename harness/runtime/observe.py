@@ -229,6 +229,13 @@ BENCHMARK_ENGINE = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_toke
                         kv_tokens=300_000)
 
 
+def benchmark_engine(runtime) -> dict:
+    """BENCHMARK_ENGINE for this runtime: in the dtype its declared precision names where it names one
+    (an engine that computes in float16 whatever it is asked is built in float16), else bf16."""
+    named = engine_dtype(runtime.capabilities.precision)
+    return {**BENCHMARK_ENGINE, "dtype": named if named != "float32" else BENCHMARK_ENGINE["dtype"]}
+
+
 class EngineFactory:
     """Builds engines for the execution suites: `get(mode=..., attention=..., spec=...)`.
 
