@@ -66,8 +66,8 @@ def pytest_args(argv: list[str], root: Path, cwd: Path) -> list[str]:
             positional |= not index or argv[index - 1] not in PATH_OPTIONS
         else:
             args.append(arg)
-    if not positional:
-        args.append(str(root / SUITES))
+    if not positional:  # first: last, it would be read as the value of an option given none (`--runtime`)
+        args.insert(0, str(root / SUITES))
     head = ["--rootdir", str(root), "-c", str(config_file(root))]
     if not _cache_disabled(argv):
         head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]

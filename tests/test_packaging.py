@@ -100,13 +100,13 @@ def test_a_wheel_missing_a_file_the_suites_need_is_caught(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected_tail", [
-    (["--runtime", "x"], ["--runtime", "x", "{root}/suites"]),
+    (["--runtime", "x"], ["{root}/suites", "--runtime", "x"]),
     (["suites/test_padding.py::test_a[x]", "-q"], ["{root}/suites/test_padding.py::test_a[x]", "-q"]),
     (["suites/", "--known-failures", "suites.toml"], ["{root}/suites", "--known-failures", "suites.toml"]),
-    (["--deselect", "suites/test_dispatch.py::t", "-k", "suites"], ["--deselect", "suites/test_dispatch.py::t",
-                                                                    "-k", "suites", "{root}/suites"]),
+    (["--deselect", "suites/test_dispatch.py::t", "-k", "suites"], ["{root}/suites", "--deselect",
+                                                                    "suites/test_dispatch.py::t", "-k", "suites"]),
     (["--ignore", "suites/test_serving.py", "--ignore-glob=suites/*step*"],
-     ["--ignore", "{root}/suites/test_serving.py", "--ignore-glob={root}/suites/*step*", "{root}/suites"]),
+     ["{root}/suites", "--ignore", "{root}/suites/test_serving.py", "--ignore-glob={root}/suites/*step*"]),
 ])
 def test_arguments_that_name_suites_name_the_installed_ones(tmp_path, argv, expected_tail):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
