@@ -6,7 +6,8 @@ What makes a run from the wheel the same as `pytest suites/ ...` in a checkout:
 - the ini settings are the project's (the wheel carries them as `cudagraph_conformance/pytest.ini`,
   found beside the installed suites; a checkout has them in pyproject.toml);
 - the directory you run from is importable (`--runtime mypackage.module:factory`), as with
-  `python -m pytest`, and pytest's cache is written there, not into site-packages.
+  `python -m pytest`; pytest's cache, like every cache of a run, goes to a user cache kept per
+  directory run from (harness/session/caches.py), neither there nor into site-packages.
 
 Arguments that start with `suites/` name the installed suites (`suites/`, `suites/test_padding.py`,
 `--deselect suites/test_x.py::test_y`); without one, every suite runs. Everything else is passed to
@@ -17,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from harness.session import caches
 
 PACKAGE = Path(__file__).resolve().parent
 SUITES = "suites"
@@ -70,7 +73,7 @@ def pytest_args(argv: list[str], root: Path, cwd: Path) -> list[str]:
         args.insert(0, str(root / SUITES))
     head = ["--rootdir", str(root), "-c", str(config_file(root))]
     if not _cache_disabled(argv):
-        head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]
+        head += ["-o", f"cache_dir={caches.project_cache(cwd) / 'pytest'}"]
     return head + args
 
 

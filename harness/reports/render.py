@@ -116,7 +116,7 @@ def _run_header(run: dict, label: str) -> list[str]:
         f"### {label}", "",
         f"- runtime: {run['runtime']} {run.get('version', '')}",
         f"- device: {run.get('device')}",
-        f"- torch: {run.get('torch')}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}"
+        f"- torch: {run.get('torch')}{' (' + run['torch_build'] + ')' if run.get('torch_build') else ''}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}"
         + (" with uncommitted changes to tracked files (the suites' digest below says which code ran)"
            if run.get("git_tree_changed") else ""),
         *([f"- harness: {run['harness_version']}, suites {run.get('suites_digest', '')[:12]} "
