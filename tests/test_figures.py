@@ -47,6 +47,19 @@ def test_a_json_report_backs_a_figure_at_the_precision_the_doc_gives(tmp_path):
     assert citations.missing(backed) == [] and citations.missing(stale) == ["50.2"]
 
 
+@pytest.mark.parametrize("figure, line, missing", [
+    ("1.23x", "speed-up 1.2349x", []), ("1.23x", "speed-up 1.24x", ["1.23"]), ("1.23x", "speed-up 1.2x", ["1.23"]),
+    ("62.45 s", "in 62.45s", []), ("62.45 s", "in 62.4s", ["62.45"]), ("62.45 s", "in 62.46s", ["62.45"]),
+    ("62 s", "in 62.45s", []), ("62 s", "in 63.1s", ["62"]), ("3.1 ms", "3.149ms", []), ("3.1 ms", "3.16ms", ["3.1"]),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_text_report_backs_a_figure_only_at_its_printed_precision(tmp_path, figure, line, missing):
+    """A unit against its number ("1.24x", "62.45s") is no longer read as the integer before the dot."""
+    (tmp_path / "run.log").write_text(f"header 7\n{line}\n")
+    doc = tmp_path / "README.md"
+    doc.write_text(f"[{figure}](run.log)\n")
+    assert citations.missing(citations.citations(doc)[0]) == missing
+
+
 def test_a_measured_figure_with_no_citation_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(citations, "ROOT", tmp_path)
     doc = tmp_path / "README.md"
