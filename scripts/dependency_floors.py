@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         if run([python, "-m", "pip", "install", "-q", *pins, *OTHERS], log):
             log.write("# a floor could not be installed: raise it in pyproject.toml to the lowest that installs\n")
             return 1
-        if run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT)], log,
+        if run([python, "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], log,
                cwd=venv):
             return 1
         run([python, "-m", "pip", "freeze"], log)
