@@ -60,6 +60,20 @@ def test_a_text_report_backs_a_figure_only_at_its_printed_precision(tmp_path, fi
     assert citations.missing(citations.citations(doc)[0]) == missing
 
 
+@pytest.mark.parametrize("paragraph, unnamed", [
+    ("[46 passed](run.json) on the CPU.", "0123456"),
+    ("[46 passed](run.json) on the CPU\n(at 0123456).", None),
+    ("[46 passed](run.json), a run older than this text.", None),
+    ("[46 passed](run.json) at 7654321.\n\nAnother paragraph names 0123456.", "0123456"),
+], ids=["unnamed", "named", "older", "named-elsewhere"])
+def test_a_figure_names_the_commit_its_run_ran_or_says_it_is_older(tmp_path, paragraph, unnamed):
+    (tmp_path / "run.json").write_text(json.dumps({"git_commit": "0123456789abcdef", "summary": {"passed": 46}}))
+    doc = tmp_path / "README.md"
+    doc.write_text(paragraph + "\n")
+    [citation] = citations.citations(doc)
+    assert citations.unnamed_commit(citation) == unnamed
+
+
 def test_a_measured_figure_with_no_citation_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(citations, "ROOT", tmp_path)
     doc = tmp_path / "README.md"
