@@ -15,11 +15,11 @@ pytest as given, so `--known-failures` and `--report-dir` are read relative to w
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
 
-from harness.session import caches
 
 PACKAGE = Path(__file__).resolve().parent
 SUITES = "suites"
@@ -48,6 +48,16 @@ def _cache_disabled(argv: list[str]) -> bool:
     return False
 
 
+def project_cache(cwd: Path) -> Path:
+    """harness.session.caches.project_cache, loaded by its path: importing the harness package
+    before pytest starts would keep pytest from rewriting its asserts (a warning on every run)."""
+    spec = importlib.util.spec_from_file_location("_cudagraph_conformance_caches",
+                                                  PACKAGE.parent / "harness" / "session" / "caches.py")
+    caches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(caches)
+    return caches.project_cache(cwd)
+
+
 def config_file(root: Path) -> Path:
     """The project's pytest settings beside the suites: the wheel's pytest.ini, a checkout's pyproject.toml."""
     return next(path for path in (root / "pytest.ini", root / "pyproject.toml") if path.is_file())
@@ -73,7 +83,7 @@ def pytest_args(argv: list[str], root: Path, cwd: Path) -> list[str]:
         args.insert(0, str(root / SUITES))
     head = ["--rootdir", str(root), "-c", str(config_file(root))]
     if not _cache_disabled(argv):
-        head += ["-o", f"cache_dir={caches.project_cache(cwd) / 'pytest'}"]
+        head += ["-o", f"cache_dir={project_cache(cwd) / 'pytest'}"]
     return head + args
 
 
