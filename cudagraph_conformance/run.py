@@ -6,7 +6,8 @@ What makes a run from the wheel the same as `pytest suites/ ...` in a checkout:
 - the ini settings are the project's (the wheel carries them as `cudagraph_conformance/pytest.ini`,
   found beside the installed suites; a checkout has them in pyproject.toml);
 - the directory you run from is importable (`--runtime mypackage.module:factory`), as with
-  `python -m pytest`, and pytest's cache is written there, not into site-packages.
+  `python -m pytest`; pytest's cache, like every cache of a run, goes to a user cache kept per
+  directory run from (harness/session/caches.py), neither there nor into site-packages.
 
 Arguments that start with `suites/` name the installed suites (`suites/`, `suites/test_padding.py`,
 `--deselect suites/test_x.py::test_y`); without one, every suite runs. Everything else is passed to
@@ -14,9 +15,11 @@ pytest as given, so `--known-failures` and `--report-dir` are read relative to w
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+
 
 PACKAGE = Path(__file__).resolve().parent
 SUITES = "suites"
@@ -45,6 +48,16 @@ def _cache_disabled(argv: list[str]) -> bool:
     return False
 
 
+def project_cache(cwd: Path) -> Path:
+    """harness.session.caches.project_cache, loaded by its path: importing the harness package
+    before pytest starts would keep pytest from rewriting its asserts (a warning on every run)."""
+    spec = importlib.util.spec_from_file_location("_cudagraph_conformance_caches",
+                                                  PACKAGE.parent / "harness" / "session" / "caches.py")
+    caches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(caches)
+    return caches.project_cache(cwd)
+
+
 def config_file(root: Path) -> Path:
     """The project's pytest settings beside the suites: the wheel's pytest.ini, a checkout's pyproject.toml."""
     return next(path for path in (root / "pytest.ini", root / "pyproject.toml") if path.is_file())
@@ -66,11 +79,11 @@ def pytest_args(argv: list[str], root: Path, cwd: Path) -> list[str]:
             positional |= not index or argv[index - 1] not in PATH_OPTIONS
         else:
             args.append(arg)
-    if not positional:
-        args.append(str(root / SUITES))
+    if not positional:  # first: last, it would be read as the value of an option given none (`--runtime`)
+        args.insert(0, str(root / SUITES))
     head = ["--rootdir", str(root), "-c", str(config_file(root))]
     if not _cache_disabled(argv):
-        head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]
+        head += ["-o", f"cache_dir={project_cache(cwd) / 'pytest'}"]
     return head + args
 
 

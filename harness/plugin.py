@@ -20,8 +20,8 @@ from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import registry
-from harness.session import (anchor_helper, device_share, header, known_failures, machine, options, process_exit,
-                             scheduling)
+from harness.session import (anchor_helper, caches, device_share, header, known_failures, machine, options,
+                             process_exit, scheduling)
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
@@ -136,6 +136,7 @@ def pytest_configure(config):
     config.pluginmanager.register(process_exit, "cudagraph-conformance-process-exit")
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the runtime declares them")
     header.keep_benchmarks_quiet(config)
+    caches.place(config)  # nothing written into the directory run from (an engine's repository)
     config.addinivalue_line("markers", "vllm_runner(name): a vLLM case that holds an engine to that model runner")
     option = config.getoption("runtime")
     try:

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?![\w])|(?<=[v#])\d+")
+# A unit written against its number ("1.24x", "62.45s", "3.1ms") ends it; any other letter makes
+# the digits part of a word (a commit "2fa982b", "3rd").
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?:(?![\w])|(?=(?:x|s|ms|us|µs|min|GiB|MiB|KiB|GB|MB)\b))"
+                    r"|(?<=[v#])\d+")
 LINK = re.compile(r"(?<!!)\[(?P<text>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<target>[^)\s]+)\)")
 CODE_BLOCK = re.compile(r"^```.*?^```", re.S | re.M)
 SECTION = re.compile(r"<!-- figures: [\w-]+ .*?-->.*?<!-- /figures -->", re.S)
@@ -121,12 +124,52 @@ def missing(citation: Citation) -> list[str]:
     return [n for n in wanted if not any(_same(n, m) for m in best)] or wanted
 
 
+COMMIT = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
+
+
+def report_commit(target: Path) -> str | None:
+    """The commit a cited run ran (its `git_commit`, or the rendered summary's "commit ..."), where known."""
+    body = target.read_text(errors="replace")
+    if target.suffix == ".json":
+        try:
+            commit = json.loads(body).get("git_commit")
+        except (ValueError, AttributeError):
+            return None
+    else:
+        found = COMMIT.search(body)
+        commit = found.group(1) if found else None
+    return commit[:7] if commit and re.fullmatch(r"[0-9a-f]{7,40}", commit) else None
+
+
+def unnamed_commit(citation: Citation) -> str | None:
+    """The cited run's commit where the figure's paragraph neither names it nor says the run is
+    older than the text: a figure must say how old it is. None where it does, or no commit is known."""
+    commit = report_commit(citation.target)
+    if commit is None:
+        return None
+    lines = prose(citation.doc.read_text()).splitlines()
+    start = end = citation.line - 1
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    while end + 1 < len(lines) and lines[end + 1].strip():
+        end += 1
+    paragraph = "\n".join(lines[start:end + 1])
+    return None if commit in paragraph or re.search(r"\bolder\b", paragraph) else commit
+
+
 def _same(figure: str, token: str) -> bool:
-    """A number written in the doc as in the file (1.24 for 1.24; 01 for 1, as in 0:01:47)."""
+    """The file's number, printed at the doc's precision, is the doc's figure: "1.23" is 1.2349 and
+    1.23, not 1.24, nor 1.2 (a file less precise than the figure cannot back it); "62" is 62.45."""
     try:
-        return figure == token or float(figure) == float(token) and figure.count(".") == token.count(".")
+        wanted, value = float(figure), float(token)
     except ValueError:
         return False
+    if "e" in figure.lower() or "e" in token.lower():
+        return math.isclose(value, wanted, rel_tol=0.05)
+    decimals = len(figure.split(".")[1]) if "." in figure else 0
+    if decimals > (len(token.split(".")[1]) if "." in token else 0):
+        return False
+    return abs(value - wanted) <= 0.5 * 10 ** -decimals + 1e-9
 
 
 # Figures that match MEASURED but are not measurements: (doc, text) -> why.

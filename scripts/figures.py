@@ -13,7 +13,8 @@ generated section sits between two comments and is never edited by hand:
     ...
     <!-- /figures -->
 
-Figures elsewhere cite their report as a link (scripts/citations.py has the rule); figures that
+Figures elsewhere cite their report as a link (scripts/citations.py has the rule), and name the
+commit the cited run ran (its `git_commit`) in their paragraph, or say it is older; figures that
 move between runs are given as the newest with the range over every committed run beside it.
 """
 from __future__ import annotations
@@ -288,6 +289,10 @@ def problems(root: Path = ROOT) -> list[str]:
             absent = citations.missing(citation)
             if absent:
                 found.append(f"{citation}: {', '.join(absent)} not in {citations.shown(citation.target)}")
+            commit = citations.unnamed_commit(citation)
+            if commit:
+                found.append(f"{citation}: the run is of commit {commit}; name it beside the figure "
+                             f"(`(at {commit})`), or say the run is older than the text")
         if rel not in PENDING and rel not in GENERATED_REPORTS:
             found += [f"{rel}:{line}: {figure!r} is a measured figure with no report cited (link it to the report "
                       "it comes from, or render it in a generated section)" for line, figure in citations.uncited(doc)]

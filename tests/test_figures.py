@@ -47,6 +47,33 @@ def test_a_json_report_backs_a_figure_at_the_precision_the_doc_gives(tmp_path):
     assert citations.missing(backed) == [] and citations.missing(stale) == ["50.2"]
 
 
+@pytest.mark.parametrize("figure, line, missing", [
+    ("1.23x", "speed-up 1.2349x", []), ("1.23x", "speed-up 1.24x", ["1.23"]), ("1.23x", "speed-up 1.2x", ["1.23"]),
+    ("62.45 s", "in 62.45s", []), ("62.45 s", "in 62.4s", ["62.45"]), ("62.45 s", "in 62.46s", ["62.45"]),
+    ("62 s", "in 62.45s", []), ("62 s", "in 63.1s", ["62"]), ("3.1 ms", "3.149ms", []), ("3.1 ms", "3.16ms", ["3.1"]),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_text_report_backs_a_figure_only_at_its_printed_precision(tmp_path, figure, line, missing):
+    """A unit against its number ("1.24x", "62.45s") is no longer read as the integer before the dot."""
+    (tmp_path / "run.log").write_text(f"header 7\n{line}\n")
+    doc = tmp_path / "README.md"
+    doc.write_text(f"[{figure}](run.log)\n")
+    assert citations.missing(citations.citations(doc)[0]) == missing
+
+
+@pytest.mark.parametrize("paragraph, unnamed", [
+    ("[46 passed](run.json) on the CPU.", "0123456"),
+    ("[46 passed](run.json) on the CPU\n(at 0123456).", None),
+    ("[46 passed](run.json), a run older than this text.", None),
+    ("[46 passed](run.json) at 7654321.\n\nAnother paragraph names 0123456.", "0123456"),
+], ids=["unnamed", "named", "older", "named-elsewhere"])
+def test_a_figure_names_the_commit_its_run_ran_or_says_it_is_older(tmp_path, paragraph, unnamed):
+    (tmp_path / "run.json").write_text(json.dumps({"git_commit": "0123456789abcdef", "summary": {"passed": 46}}))
+    doc = tmp_path / "README.md"
+    doc.write_text(paragraph + "\n")
+    [citation] = citations.citations(doc)
+    assert citations.unnamed_commit(citation) == unnamed
+
+
 def test_a_measured_figure_with_no_citation_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(citations, "ROOT", tmp_path)
     doc = tmp_path / "README.md"

@@ -26,6 +26,17 @@ def test_slow(tmp_path_factory):
 def test_after():
     pass
 """
+SLOW_COLLECTION = """
+import os, time
+from pathlib import Path
+
+Path(os.environ["MARKER"]).touch()
+time.sleep(30)  # collection is still importing this module when Ctrl-C lands
+
+
+def test_never_collected():
+    pass
+"""
 SLOW_RENDERING = """
 import os, time
 from pathlib import Path
@@ -87,3 +98,17 @@ def test_ctrl_c_while_the_report_renders(tmp_path):
 
 def test_two_ctrl_c_under_xdist(tmp_path):
     assert_honest(*interrupt(tmp_path, ["--runtime", "reference", "-n", "2"], signals=2), ended_at_least=0)
+
+
+def test_ctrl_c_during_collection(tmp_path):
+    code, output, report, leftovers = interrupt(tmp_path, ["--runtime", "reference"], tests=SLOW_COLLECTION)
+    assert "KeyboardInterrupt" in output and len(output.splitlines()) < 40, output[-3000:]
+    assert_honest(code, output, report, leftovers, ended_at_least=0)
+    assert report["tests_ended"] == 0 and report["tests"] == [], report["summary"]
+
+
+def test_two_ctrl_c_during_collection_under_xdist(tmp_path):
+    code, output, report, leftovers = interrupt(tmp_path, ["--runtime", "reference", "-n", "2"], signals=2,
+                                                tests=SLOW_COLLECTION)
+    assert_honest(code, output, report, leftovers, ended_at_least=0)
+    assert report["tests_ended"] == 0, report["summary"]

@@ -26,6 +26,7 @@ import pytest
 
 import harness
 from cudagraph_conformance import run
+from harness.session import caches
 from tests import catching
 
 if sys.version_info >= (3, 11):
@@ -100,21 +101,35 @@ def test_a_wheel_missing_a_file_the_suites_need_is_caught(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected_tail", [
-    (["--runtime", "x"], ["--runtime", "x", "{root}/suites"]),
+    (["--runtime", "x"], ["{root}/suites", "--runtime", "x"]),
     (["suites/test_padding.py::test_a[x]", "-q"], ["{root}/suites/test_padding.py::test_a[x]", "-q"]),
     (["suites/", "--known-failures", "suites.toml"], ["{root}/suites", "--known-failures", "suites.toml"]),
-    (["--deselect", "suites/test_dispatch.py::t", "-k", "suites"], ["--deselect", "suites/test_dispatch.py::t",
-                                                                    "-k", "suites", "{root}/suites"]),
+    (["--deselect", "suites/test_dispatch.py::t", "-k", "suites"], ["{root}/suites", "--deselect",
+                                                                    "suites/test_dispatch.py::t", "-k", "suites"]),
     (["--ignore", "suites/test_serving.py", "--ignore-glob=suites/*step*"],
-     ["--ignore", "{root}/suites/test_serving.py", "--ignore-glob={root}/suites/*step*", "{root}/suites"]),
+     ["{root}/suites", "--ignore", "{root}/suites/test_serving.py", "--ignore-glob={root}/suites/*step*"]),
 ])
 def test_arguments_that_name_suites_name_the_installed_ones(tmp_path, argv, expected_tail):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     args = run.pytest_args(argv, tmp_path, Path("/work"))
-    assert args[:6] == ["--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "-o", "cache_dir=/work/.pytest_cache"]
+    assert args[:6] == ["--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "-o",
+                         f"cache_dir={caches.project_cache(Path('/work')) / 'pytest'}"]
     assert args[6:] == [a.replace("{root}", str(tmp_path)) for a in expected_tail]
     assert "-o" not in run.pytest_args(["-p", "no:cacheprovider"], tmp_path, Path("/work"))
     assert run.pytest_args([], ROOT, Path("/work"))[3] == str(ROOT / "pyproject.toml")  # in a checkout
+
+
+def test_a_run_writes_nothing_into_the_directory_it_runs_from_but_its_report(tmp_path):
+    """pytest-benchmark's storage and hypothesis's directory (database, constants) go to the user
+    cache (harness/session/caches.py), not into the engine's repository the suites run from."""
+    work, cache = tmp_path / "engine-repo", tmp_path / "cache"
+    work.mkdir()
+    check_run([sys.executable, "-m", "pytest", str(ROOT / "suites" / "test_padding.py"), str(ROOT / "suites" / "test_dispatch.py"),
+               "--runtime", "reference", "-p", "no:xdist", "-q", "--report-dir", "out"], cwd=work,
+              PYTHONPATH=str(ROOT), CUDAGRAPH_CONFORMANCE_CACHE=str(cache))
+    assert sorted(p.name for p in work.iterdir()) == ["out"]
+    [project] = cache.iterdir()
+    assert project.name.startswith("engine-repo-") and (project / "hypothesis").is_dir(), list(project.iterdir())
 
 
 # -- the wheel, built and installed ----------------------------------------------------------------
@@ -191,6 +206,7 @@ def test_the_installed_suites_run_from_any_directory_as_in_a_checkout(venv, tmp_
     check_run([str(venv / "bin" / "cudagraph-conformance"), *catching.CHECKOUT_OPTIONS, "--report-dir", "reports"],
               cwd=work)
     from_wheel = json.loads((work / "reports" / "conformance-bucket-engine.json").read_text())
+    assert sorted(p.name for p in work.iterdir()) == ["reports"], "the run wrote into the engine's repository"
 
     checkout = request.getfixturevalue("bucket_engine_in_the_checkout")
     assert checkout["ret"] == 0, checkout["output"]

@@ -11,7 +11,7 @@ import pytest
 
 import harness
 from harness.reports import report
-from harness.session import known_failures
+from harness.session import known_failures, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,6 +91,25 @@ def test_the_report_carries_its_provenance(pytester):
     assert data["git_commit"] == report.git_commit()  # the harness's checkout, wherever the run was
     markdown = (pytester.path / "out" / "conformance-reference.md").read_text()
     assert f"- harness: {harness.__version__}, suites {data['suites_digest'][:12]} (1 files)" in markdown
+    release, build = machine.torch_version()
+    assert (data["torch"], data["torch_build"]) == (release, build) and "+" not in data["torch"]
+    assert f"- torch: {release}{f' ({build})' if build else ''}, python" in markdown
+
+
+@pytest.mark.parametrize("written, expected", [
+    ("__version__ = '2.5.1+cu124'", ("2.5.1", "cu124")), ("__version__: str = \"2.4.0\"", ("2.4.0", None)),
+    ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None", ("2.13.0", "cpu")),
+], ids=["cuda-wheel", "no-build", "cpu-wheel"])
+def test_the_torch_version_is_read_from_torch_itself_and_split(tmp_path, written, expected):
+    """Read from torch/version.py, never the wheel's metadata (PyPI's CUDA wheels say "2.5.1" there
+    and "2.5.1+cu124" in torch.__version__): the same string whether the run imported torch or not."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('read, never imported')\n")
+    (tmp_path / "torch" / "version.py").write_text(written + "\n")
+    code = "from harness.session.machine import torch_version; print(torch_version())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""}, check=True)
+    assert done.stdout.strip() == repr(expected)
 
 
 # -- known-failures files and harness versions ------------------------------------------------------

@@ -341,11 +341,11 @@ def test_cli_writes_summary_and_fails_on_regression(tmp_path, capsys):
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read run report"), ("{not json", "is not valid JSON"), ('{"a": 1}', "is not a conformance run report"),
 ], ids=["missing", "invalid-json", "not-a-report"])
-def test_cli_exits_2_on_a_bad_run_file(tmp_path, capsys, content, message):
+def test_cli_exits_4_on_a_bad_run_file(tmp_path, capsys, content, message):
     path = tmp_path / "run.json"
     if content is not None:
         path.write_text(content)
-    assert render.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert render.main([str(path), "--out", str(tmp_path / "out")]) == 4
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
@@ -357,7 +357,7 @@ def test_python_dash_m_harness_render(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, str(tmp_path / "out" / "summary.md")), done.stderr
     missing = subprocess.run([sys.executable, "-m", "harness.reports.render", str(tmp_path / "nope.json"), "--out", "x"],
                              capture_output=True, text=True)
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.json" in missing.stderr
+    assert missing.returncode == 4 and "Traceback" not in missing.stderr and "nope.json" in missing.stderr
 
 
 # -- through the plugin --------------------------------------------------------------------------
@@ -506,13 +506,13 @@ def test_cli_refuses_bad_options_in_one_line(tmp_path, capsys, args, message):
     run = write_json(tmp_path / "run.json", make_run([]))
     (tmp_path / "FILE").write_text("")
     args = [str(tmp_path / a) if a == "FILE" else a for a in args]
-    assert render.main([run, "--out", str(tmp_path / "out"), *args]) == 2
+    assert render.main([run, "--out", str(tmp_path / "out"), *args]) == 4
     assert message in capsys.readouterr().err
 
 
-def test_cli_exits_2_on_a_report_with_malformed_records(tmp_path, capsys):
+def test_cli_exits_4_on_a_report_with_malformed_records(tmp_path, capsys):
     bad = make_run([case("suites/test_padding.py::t[reference]", records=[{"kind": "grid", "config": "c"}])])
-    assert render.main([write_json(tmp_path / "bad.json", bad), "--out", str(tmp_path / "out")]) == 2
+    assert render.main([write_json(tmp_path / "bad.json", bad), "--out", str(tmp_path / "out")]) == 4
     err = capsys.readouterr().err
     assert "is malformed" in err and "Traceback" not in err
 

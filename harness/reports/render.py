@@ -116,7 +116,7 @@ def _run_header(run: dict, label: str) -> list[str]:
         f"### {label}", "",
         f"- runtime: {run['runtime']} {run.get('version', '')}",
         f"- device: {run.get('device')}",
-        f"- torch: {run.get('torch')}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}"
+        f"- torch: {run.get('torch')}{' (' + run['torch_build'] + ')' if run.get('torch_build') else ''}, python {run.get('python')}, commit {commit[:12] if commit else 'unknown'}"
         + (" with uncommitted changes to tracked files (the suites' digest below says which code ran)"
            if run.get("git_tree_changed") else ""),
         *([f"- harness: {run['harness_version']}, suites {run.get('suites_digest', '')[:12]} "
@@ -414,8 +414,23 @@ def write_report(runs: list[dict], directory, name: str = "summary.md", *, regre
     return Rendered(path, [directory / n for pairs in drawn.values() for _, n in pairs], regressions or [])
 
 
+# pytest's exit status for a usage error, so a CI step reads the tools and the suites alike.
+USAGE_ERROR = 4
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(USAGE_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _usage_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.reports.render", description=__doc__.splitlines()[0])
+    """0: rendered; 1: a regression under --fail-on-regression; 4: bad arguments or a bad run file."""
+    parser = _Parser(prog="python -m harness.reports.render", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="RUN.json", help="run reports written by --report-dir")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for summary.md and the plots")
     parser.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="BASELINE.json",
@@ -425,25 +440,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-on-regression", action="store_true", help="exit 1 when there is a regression")
     parser.add_argument("--title", help="the document's title")
     args = parser.parse_args(argv)
-    if args.threshold < 0:
-        print(f"error: --threshold must be a fraction >= 0 (0.10 is 10%), got {args.threshold}", file=sys.stderr)
-        return 2
+    if not (args.threshold >= 0 and args.threshold != float("inf")):
+        return _usage_error(f"--threshold must be a fraction >= 0 (0.10 is 10%), got {args.threshold}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        print(f"error: --out {args.out}: that is a file; name a directory (it is created if missing)", file=sys.stderr)
-        return 2
+        return _usage_error(f"--out {args.out}: that is a file; name a directory (it is created if missing)")
     try:
         runs = [load_run(p) for p in args.runs]
         baseline = [load_run(p) for p in args.baseline]
     except RunFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _usage_error(f"{exc}; name a JSON report written by pytest --report-dir")
     try:
         regressions = compare(runs, baseline, args.threshold) if baseline else None
         rendered = write_report(runs, args.out, regressions=regressions, threshold=args.threshold, title=args.title)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        print(f"error: a run report is malformed ({describe_exception(exc)}); write it again with pytest "
-              "--report-dir", file=sys.stderr)
-        return 2
+        return _usage_error(f"a run report is malformed ({describe_exception(exc)}); write it again with pytest "
+                            "--report-dir")
+    except OSError as exc:
+        return _usage_error(f"--out {args.out}: cannot write there ({exc.strerror or exc}); name a directory you can write")
     print(rendered.markdown)
     code = counted(rendered.regressions)
     for regression in rendered.regressions:

@@ -18,7 +18,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ import harness
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.reports import render
 from harness.session import coverage
-from harness.session.machine import cuda_available
+from harness.session.machine import cuda_available, torch_version
 from harness.reports.records import SCHEMA_VERSION
 from harness.reliability.safe import describe_exception, safe_str
 
@@ -134,13 +133,9 @@ def suites_digest(files: dict[str, str]) -> str:
 
 
 def _torch_version() -> str | None:
-    # Read from the installed metadata: importing torch costs seconds on a policy-only run.
-    if "torch" in sys.modules:
-        return sys.modules["torch"].__version__
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
+    """As the header prints it: "2.13.0+cpu", the release and its build (machine.torch_version)."""
+    release, build = torch_version()
+    return release and (f"{release}+{build}" if build else release)
 
 
 class RunReport:
@@ -272,7 +267,7 @@ class RunReport:
         runtime = self.runtime
         tests = [self._as_ended(r) for r in sorted(self.results.values(), key=lambda r: r["nodeid"])]
         counts = Counter(r["outcome"] for r in tests)
-        torch_version = _torch_version()
+        torch_release, torch_build = torch_version()
         files = self.suite_files(tests)
         return {
             "schema_version": SCHEMA_VERSION,
@@ -283,7 +278,8 @@ class RunReport:
             "device": self.device,
             "graph_backend": self.conformance.graph_backend,
             "hypothesis": {"profile": self.conformance.hypothesis_profile, "seed": self.conformance.hypothesis_seed},
-            "torch": torch_version,
+            "torch": torch_release,  # what a version range compares: "2.13.0"
+            "torch_build": torch_build,  # the wheel's local tag: "cpu", "cu128"; null for none
             "python": platform.python_version(),
             "git_commit": self.commit,
             "git_tree_changed": self.changed,

@@ -5,9 +5,12 @@ NVIDIA driver at all, should not pay it to learn that there is no GPU.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import socket
 import sys
+from importlib import metadata
 
 DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")  # the driver's nodes (dxg: WSL)
 
@@ -20,6 +23,35 @@ def cuda_available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def torch_version() -> tuple[str | None, str | None]:
+    """(release, build) of the installed torch: ("2.13.0", "cpu"), ("2.13.0", "cu128"), ("2.4.0", None).
+
+    One source, whatever the run imported: torch's own `torch/version.py`, read as text (importing
+    torch costs seconds on a policy-only run). Its wheel's metadata is no substitute: PyPI's CUDA
+    wheels say "2.13.0" there and "2.13.0+cu128" in `torch.__version__`, so a report would change
+    with whether the run happened to import torch. The release is what a version range compares;
+    the build, PEP 440's local part, says which wheel (CPU, CUDA 12.8, ROCm) it was."""
+    full = None
+    spec = importlib.util.find_spec("torch") if "torch" not in sys.modules else None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = open(os.path.join(folder, "version.py")).read()
+        except OSError:
+            continue
+        found = re.search(r"""^__version__\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", text, re.MULTILINE)
+        full = found.group(1) if found else None
+        break
+    if full is None and "torch" in sys.modules:
+        full = str(sys.modules["torch"].__version__)
+    if full is None:
+        try:
+            full = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return None, None
+    release, _, build = full.partition("+")
+    return release, build or None
 
 
 def share(graph_backend: str, index: int | None) -> None:
