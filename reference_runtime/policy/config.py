@@ -68,7 +68,11 @@ class PolicyConfig:
                     f"max_num_seqs ({self.max_num_seqs}): every running request needs at least one token per step"
                 )
         if self.max_capture_size is not None:
-            _check_int("max_capture_size", self.max_capture_size, minimum=1)
+            # A max of 0 is how vLLM says "no graphs"; it goes only with mode NONE (CompilationConfig).
+            _check_int("max_capture_size", self.max_capture_size, minimum=0)
+            if self.max_capture_size == 0 and self.mode is not CUDAGraphMode.NONE:
+                raise ValueError(f"max_capture_size 0 captures no graph, but mode {self.mode.name} needs graphs; "
+                                 "give a max >= 1, or mode NONE")
         if self.capture_sizes is not None:
             for size in self.capture_sizes:
                 _check_int("capture_sizes", size, minimum=1)

@@ -32,9 +32,13 @@ class BatchDescriptor:
 class Dispatcher:
     """Holds the valid keys per runtime mode and picks FULL > PIECEWISE > NONE for a batch."""
 
-    def __init__(self, config: PolicyConfig, mode: CUDAGraphMode | str | None = None):
+    def __init__(self, config: PolicyConfig, mode: CUDAGraphMode | str | None = None, *, piecewise_capture: bool = True):
         self.config = config
         self.mode = CUDAGraphMode.parse(mode if mode is not None else config.mode)
+        # vLLM's CudagraphDispatcher refuses an unresolved mode whose pieces cannot exist.
+        if self.mode.has_piecewise() and not piecewise_capture:
+            raise ValueError(f"mode {self.mode.name} needs piecewise graphs, but none can be captured (no piecewise "
+                             "compilation); resolve the mode first (resolve_mode drops the pieces)")
         self.keys: dict[CUDAGraphMode, set[BatchDescriptor]] = {
             CUDAGraphMode.FULL: set(),
             CUDAGraphMode.PIECEWISE: set(),
@@ -165,18 +169,41 @@ class Dispatcher:
         return None if size is None else self.key_at[(mode, loras, size)]
 
     def _check_batch(self, num_tokens: int, num_reqs: int | None, uniform: bool) -> None:
+        # More requests than max_num_seqs is a batch vLLM dispatches too (no key holds it: PIECEWISE
+        # or eager), so only the counts' own consistency is checked.
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if num_reqs is not None and not 1 <= num_reqs <= min(num_tokens, self.config.max_num_seqs):
-            raise ValueError(
-                f"num_reqs must be in 1..min(num_tokens, max_num_seqs) = "
-                f"1..{min(num_tokens, self.config.max_num_seqs)}, got {num_reqs}"
-            )
+        if num_reqs is not None and not 1 <= num_reqs <= num_tokens:
+            raise ValueError(f"num_reqs must be in 1..num_tokens = 1..{num_tokens}, got {num_reqs}")
         if uniform and num_reqs is not None and num_tokens != num_reqs * self.config.query_len:
             raise ValueError(
                 f"a uniform decode batch has num_tokens = q * num_reqs = {self.config.query_len} * {num_reqs}, "
                 f"got num_tokens={num_tokens}"
             )
+
+
+def uniform_token_count(query_lens, *, decode_graph_eligible: bool = True) -> int | None:
+    """The tokens every request has, where all have the same number; else None (vLLM's
+    get_uniform_decode_token_count: only the batch's shape, and a batch with a prompt chunk is
+    not eligible for a decode graph however it is shaped)."""
+    lens = list(query_lens)
+    if not lens or not decode_graph_eligible:
+        return None
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lens):
+        raise ValueError(f"query lengths are integers >= 1 (tokens a request brings this step), got {lens}")
+    longest = max(lens)
+    return longest if sum(lens) == longest * len(lens) else None
+
+
+def is_uniform_decode(query_lens, query_len: int, *, has_prefill: bool = False, runner: str = "v2") -> bool:
+    """Whether a batch takes the uniform-decode routine: every request brings q tokens.
+
+    V1 (GPUModelRunner._is_uniform_decode) looks only at the shape; V2 also refuses a batch with a
+    prompt chunk (a decode graph would not compute its prompt). `uniform` in dispatch() stays an
+    override, as vLLM's force_uniform_decode is at capture.
+    """
+    count = uniform_token_count(query_lens, decode_graph_eligible=runner == "v1" or not has_prefill)
+    return count == query_len
 
 
 def _holds(key: BatchDescriptor, num_reqs: int, uniform: bool) -> bool:
