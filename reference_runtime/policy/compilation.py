@@ -31,6 +31,11 @@ class CompilationDefaults:
     attention_quant_fusion: bool  # fuse_attn_quant's default (off at every level for now)
     max_capture_size: int | None  # 0 where enforce_eager captures nothing; None: from the sizes
 
+    @property
+    def attention_in_splitting_ops(self) -> bool:
+        """Unless told otherwise vLLM cuts a compiled forward at attention (set_splitting_ops_for_v1)."""
+        return self.piecewise_compilation and not self.attention_quant_fusion
+
 
 def compilation_defaults(optimization_level: int = DEFAULT_OPTIMIZATION_LEVEL, *, enforce_eager: bool = False,
                          mode: CUDAGraphMode | str | None = None,

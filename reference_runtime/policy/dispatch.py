@@ -195,11 +195,19 @@ def uniform_token_count(query_lens, *, decode_graph_eligible: bool = True) -> in
     return longest if sum(lens) == longest * len(lens) else None
 
 
+def prompt_step_runs_as_decode(new_prompt_tokens: int, computed_prompt_tokens: int) -> bool:
+    """V2: a request still in its prompt computes like a decode when it brings one new prompt token
+    over context it already has (a prompt tail, maybe padded with placeholder drafts); a fresh prompt
+    or a longer chunk does not (vLLM's gather_batch_req_state)."""
+    return new_prompt_tokens == 1 and computed_prompt_tokens > 0
+
+
 def is_uniform_decode(query_lens, query_len: int, *, has_prefill: bool = False, runner: str = "v2") -> bool:
     """Whether a batch takes the uniform-decode routine: every request brings q tokens.
 
-    V1 (GPUModelRunner._is_uniform_decode) looks only at the shape; V2 also refuses a batch with a
-    prompt chunk (a decode graph would not compute its prompt). `uniform` in dispatch() stays an
+    V1 (GPUModelRunner._is_uniform_decode) looks only at the shape; V2 also refuses a batch where a
+    request computes a prompt chunk that does not run as a decode (`has_prefill`; see
+    prompt_step_runs_as_decode), since a decode graph would not compute its prompt. `uniform` in dispatch() stays an
     override, as vLLM's force_uniform_decode is at capture.
     """
     count = uniform_token_count(query_lens, decode_graph_eligible=runner == "v1" or not has_prefill)
