@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--platform-max", type=positive, default=512, metavar="D",
                    help="platform max capture size: 512, or 1024 on SM100 (default 512)")
     g.add_argument("--sizes", type=size_list, metavar="1,2,4", help="user capture sizes, comma-separated")
-    g.add_argument("--max-capture-size", type=positive, metavar="M", help="user max capture size")
+    g.add_argument("--max-capture-size", type=non_negative, metavar="M",
+                   help="user max capture size (0: no graphs, with --mode NONE)")
     g.add_argument("--mode", type=_enum(CUDAGraphMode.parse), default=None,
                    help=f"graph mode, one of {MODES} (default: the optimization level's, FULL_AND_PIECEWISE at -O2). "
                         "For sizes and pad it decides whether anything is captured and whether sizes round up "

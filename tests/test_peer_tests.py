@@ -61,3 +61,15 @@ def test_a_broken_calculator_is_caught_by_the_vllm_tests_named_for_it(broken):
     assert caught, f"{broken.__name__} passes every vLLM test"
     missing = [name for name in broken_calculators.CATCHES[broken] if name not in caught]
     assert not missing, f"{broken.__name__} should fail {missing}; it fails only {sorted(caught)}"
+
+
+def test_the_committed_report_is_a_fresh_render():
+    from pathlib import Path
+
+    from tests.peer_tests import report
+
+    results = report.run()
+    folder = Path(__file__).resolve().parents[1] / "reports" / "peer-tests"
+    fix = "run `python scripts/peer_tests_report.py` and commit reports/peer-tests/"
+    assert (folder / "peer-tests.md").read_text() == report.render_markdown(results), fix
+    assert (folder / "peer-tests.json").read_text() == report.render_json(results), fix
