@@ -104,11 +104,13 @@ class ExpectedResolution:
 
 def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0,
                         attention_in_splitting_ops: bool = True,
-                        splitting_ops_empty: bool = False, vllm_version: str = "0.33") -> ExpectedResolution:
+                        splitting_ops_empty: bool = False, vllm_version: str = "0.33",
+                        piecewise_capture: bool = True) -> ExpectedResolution:
     """The spec's cell for a request, with its q > 1 and empty-splitting-ops rules applied, for the
-    given vLLM release (the calculator's resolve_mode answers the finer inputs: piecewise capture
-    apart from attention splitting, the attention-quant fusion)."""
-    piecewise = attention_in_splitting_ops and not splitting_ops_empty
+    given vLLM release. Without piecewise capture the cells are those without attention split: a
+    downgrade to pieces is undone by vLLM 0.33's second check (docs/spec.md 5.3). (The calculator's
+    resolve_mode answers the finer inputs too: capture without attention split, the fusion.)"""
+    piecewise = attention_in_splitting_ops and not splitting_ops_empty and piecewise_capture
     if splitting_ops_empty and mode == FAP:
         mode = "FULL"
     table = RESOLUTION_TABLE
