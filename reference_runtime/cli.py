@@ -7,6 +7,7 @@
     python -m reference_runtime resolve --support ALWAYS -O1
     python -m reference_runtime dispatch --query-lens 2,2,2 --num-speculative-tokens 1
     python -m reference_runtime sizes --max-num-seqs 8 --compile-sizes 1,2,3
+    python -m reference_runtime sizes --max-num-seqs 128 --num-speculative-tokens 16 --speculative-schedule 1-16:16,17-128:2
 
 Only the standard library and `reference_runtime.policy`: no torch, so it starts instantly anywhere.
 Bad input exits 2 with one line (`{"error": ...}` on stdout with --json, `error: ...` on stderr
@@ -85,6 +86,17 @@ def size_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """FIRST-LAST:K,... (batch sizes FIRST..LAST run K speculative tokens)."""
+    entries = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"expected FIRST-LAST:K entries like 1-16:3,17-256:1, got {text!r}")
+        entries.append(tuple(int(g) for g in match.groups()))
+    return tuple(entries)
+
+
 def _enum(parse):
     def convert(text: str):
         try:
@@ -107,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default max(8192, max_num_seqs); must be >= --max-num-seqs")
     g.add_argument("--num-speculative-tokens", type=non_negative, default=0, metavar="K",
                    help="default 0; q = 1 + K tokens per request in a uniform decode step")
+    g.add_argument("--speculative-schedule", type=schedule, metavar="1-16:3,17-256:1",
+                   help="dynamic speculative decoding: batch sizes FIRST..LAST run K speculative tokens "
+                        "(K at most --num-speculative-tokens); sizes and V2 decode graphs cover each q")
     g.add_argument("--platform-max", type=positive, default=512, metavar="D",
                    help="platform max capture size: 512, or 1024 on SM100 (default 512)")
     g.add_argument("--sizes", type=size_list, metavar="1,2,4", help="user capture sizes, comma-separated")
@@ -179,6 +194,7 @@ def _config(args) -> PolicyConfig:
         max_capture_size=defaults.max_capture_size if args.enforce_eager else args.max_capture_size, mode=args.mode,
         max_loras=args.max_loras, specialize_lora=not args.no_specialize_lora,
         specialize_active_loras=args.specialize_active_loras, runner=args.runner,
+        speculative_schedule=args.speculative_schedule,
     )
     if args.compile_sizes is not None:
         check_compile_sizes(args.compile_sizes, capture_sizes(config), config.mode)
@@ -240,7 +256,7 @@ def cmd_dispatch(args, config):
     if args.num_active_loras and args.num_active_loras > config.max_loras:
         # With LoRA off the policy would just miss every key; say so instead.
         raise UsageError(f"--num-active-loras {args.num_active_loras} needs --max-loras >= {args.num_active_loras}")
-    if args.uniform:
+    if args.uniform and config.speculative_schedule is None:
         # A uniform decode step is num_reqs requests of q tokens each.
         if not is_range and values[0] % q:
             raise UsageError(f"--uniform needs --num-tokens to be a multiple of q = {q} "

@@ -89,6 +89,25 @@ class DispatcherAcceptsUnresolvedModes(Calculator):
         return False
 
 
+class SizesForTheWidestSpeculationOnly(Calculator):
+    """Under a dynamic speculative schedule, sizes scaled by the largest q alone: narrower tiers
+    run out of decode graphs before max_num_seqs."""
+
+    def capture_sizes(self, config):
+        return super().capture_sizes({k: v for k, v in config.items() if k != "speculative_schedule"})
+
+
+class DecodeGraphsOfOneQ(Calculator):
+    """Under a dynamic speculative schedule, decode graphs only for the largest q."""
+
+    def dispatch(self, config, num_tokens, num_reqs, uniform, allowed_modes):
+        static = {k: v for k, v in config.items() if k != "speculative_schedule"}
+        if "speculative_schedule" in config and uniform and num_reqs and num_tokens != num_reqs * (
+                1 + config.get("num_speculative_tokens", 0)):
+            uniform = False  # a batch of another q finds no graph of its own
+        return super().dispatch(static, num_tokens, num_reqs, uniform, allowed_modes)
+
+
 # broken calculator -> vLLM tests (as the peer data names them, any parameter) that must catch it
 CATCHES = {
     FoldsPiecewiseCaptureIntoSplitting: ["test_resolve_cudagraph_mode_uses_loaded_piecewise_provider"],
@@ -101,4 +120,9 @@ CATCHES = {
     IgnoresAttentionQuantFusion: ["test_splitting_ops_dynamic"],
     AcceptsAnyCompileSizes: ["test_compile_sizes_padding_validation"],
     DispatcherAcceptsUnresolvedModes: ["test_dispatcher"],
+    # (vLLM's test_default_cudagraph_capture_sizes_cover_every_dynamic_decode_width passes either way:
+    # its config's grid reaches 128 requests of q = 3 without the schedule.)
+    SizesForTheWidestSpeculationOnly: ["test_dynamic_decode_capture_covers_schedule_gap_and_tail"],
+    DecodeGraphsOfOneQ: ["test_dynamic_sd_full_cudagraph_covers_all_uniform_decode_shapes",
+                         "test_dynamic_sd_only_captures_scheduled_query_lengths"],
 }

@@ -483,3 +483,21 @@ def test_query_lens_replace_the_batch_options(capsys):
     assert code == 2 and "drop --num-tokens" in data["error"]
     code, data = run_json(capsys, "dispatch")
     assert code == 2 and "needs --num-tokens" in data["error"]
+
+
+def test_a_dynamic_speculative_schedule_gives_each_q_its_sizes(capsys):
+    argv = ["--max-num-seqs", "17", "--num-speculative-tokens", "4", "--max-num-batched-tokens", "32768"]
+    static = ok_json(capsys, "sizes", *argv)["sizes"]
+    dynamic = ok_json(capsys, "sizes", *argv, "--speculative-schedule", "1-2:4,5-5:1")["sizes"]
+    assert 34 in dynamic and 34 not in static  # 17 requests of q = 2 (the tail after batch 5)
+    data = ok_json(capsys, "dispatch", "--num-tokens", "6", "--num-reqs", "3", "--uniform", "--max-num-seqs", "8",
+                   "--num-speculative-tokens", "3", "--speculative-schedule", "1-2:3,3-8:1")
+    assert data == {"runtime_mode": "FULL", "descriptor": {"num_tokens": 8, "num_reqs": 4, "uniform": True,
+                                                           "has_lora": False, "num_active_loras": 0}}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1-x", "expected FIRST-LAST:K entries"), ("2-5:1", "must start at batch size 1"), ("1-4:1,3-8:2", "overlap")])
+def test_a_bad_speculative_schedule_is_one_line(capsys, text, words):
+    code, data = run_json(capsys, "sizes", "--num-speculative-tokens", "2", "--speculative-schedule", text)
+    assert code == 2 and words in data["error"]

@@ -36,7 +36,9 @@ class Calculator:
 
     # -- sizes, keys, dispatch ---------------------------------------------------------------
     def policy_config(self, config: dict) -> policy.PolicyConfig:
-        return policy.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes"))})
+        schedule = config.get("speculative_schedule")
+        return policy.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes")),
+                                      "speculative_schedule": None if schedule is None else tuple(map(tuple, schedule))})
 
     def dispatcher(self, config: dict, initialized: bool = True) -> policy.Dispatcher:
         key = (tuple(sorted((k, str(v)) for k, v in config.items())), initialized)
@@ -56,6 +58,12 @@ class Calculator:
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
         return {mode.name: {k.num_tokens for k in found} for mode, found in self.dispatcher(config).keys.items()}
+
+    def full_decode_keys(self, config: dict) -> list[dict]:
+        return [asdict(k) for k in self.dispatcher(config).keys[policy.CUDAGraphMode.FULL] if k.uniform]
+
+    def decode_query_lens(self, config: dict) -> list[int]:
+        return self.dispatcher(config).decode_query_lens
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
         return [(mode.name, [asdict(k) for k in keys]) for mode, keys in self.dispatcher(config, initialized).capture_keys()]

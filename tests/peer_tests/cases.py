@@ -73,6 +73,11 @@ def _sizes(calc: Calculator, case: dict) -> list[str]:
         found += _differ("max capture size", expect["max"], max(sizes, default=0))
     found += [f"capture sizes lack {s}, which vLLM captures" for s in expect.get("contains", []) if s not in sizes]
     found += [f"capture sizes hold {s}, which vLLM does not capture" for s in expect.get("excludes", []) if s in sizes]
+    for tier in expect.get("decode_widest", []):  # the most requests a decode graph of that q can hold
+        q, most = tier["query_len"], case["config"]["max_num_seqs"]
+        widest = max((-(-s // q) for s in sizes if -(-s // q) <= most), default=0)
+        if widest < tier.get("at_least", 0) or widest != tier.get("equals", widest):
+            found.append(f"decode graphs of q={q} hold at most {widest} requests; vLLM: {tier}")
     if "all_at_most" in expect and sizes and max(sizes) > expect["all_at_most"]:
         found.append(f"capture sizes go up to {max(sizes)}, vLLM keeps them <= {expect['all_at_most']}")
     if "resolve" in case:
@@ -125,6 +130,25 @@ def _dispatch(calc: Calculator, case: dict) -> list[str]:
                                 "expect": {"mode": "PIECEWISE", "key": {"num_tokens": reqs * query_len,
                                                                         "num_reqs": None, "uniform": False,
                                                                         "num_active_loras": 0}}})
+    if "query_len_sweep" in case:  # every request count at every q up to the largest: FULL where a graph has that q
+        sweep = case["query_len_sweep"]
+        lens = calc.decode_query_lens(config)
+        for reqs in range(1, sweep["max_reqs"] + 1):
+            for query_len in range(1, q + 1):
+                tokens, full = reqs * query_len, query_len in sweep["full_for"]
+                key = {"num_tokens": tokens, "num_reqs": reqs if full else None, "uniform": full, "num_active_loras": 0}
+                batches.append({"num_tokens": tokens, "num_reqs": reqs, "uniform": query_len in lens,
+                                "expect": {"mode": "FULL" if full else "PIECEWISE", "key": key}})
+    if "expect_decode_query_lens" in case:
+        keys = calc.full_decode_keys(config)
+        found += _differ("q of the decode graphs", case["expect_decode_query_lens"],
+                         sorted({k["num_tokens"] // k["num_reqs"] for k in keys}))
+    if case.get("every_decode_key_reachable"):  # each decode graph is what its own batch dispatches to
+        keys = sorted(calc.full_decode_keys(config), key=lambda k: (k["num_tokens"], k["num_reqs"]))
+        sizes = [k["num_tokens"] for k in keys]
+        found += _differ("a size holds decode graphs of several q", True, len(sizes) > len(set(sizes)))
+        batches += [{"num_tokens": k["num_tokens"], "num_reqs": k["num_reqs"], "uniform": True,
+                     "expect": {"mode": "FULL", "key": k}} for k in keys]
     for batch in batches:
         found += _dispatch_one(calc, config, batch)
         if len(found) > 5:
