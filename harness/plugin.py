@@ -138,6 +138,7 @@ def pytest_configure(config):
     header.keep_benchmarks_quiet(config)
     caches.place(config)  # nothing written into the directory run from (an engine's repository)
     config.addinivalue_line("markers", "vllm_runner(name): a vLLM case that holds an engine to that model runner")
+    config.addinivalue_line("markers", "vllm_release(*versions): a vLLM case of an input only those releases have")
     option = config.getoption("runtime")
     try:
         runtime = registry.resolve(option, config.pluginmanager)
@@ -274,10 +275,15 @@ def skip_reason(name: str, missing: list[str]) -> str:
 def vllm_rules_skip(item, runtime) -> str | None:
     """Why a vLLM case does not apply to the runtime's declared rules: it holds an engine to a model
     runner (a PolicyConfig parameter's runner, or @pytest.mark.vllm_runner) the harness does not model
-    for the runtime's release (Capabilities.vllm_version; harness.vocabulary.VLLM_RELEASES). None: it applies."""
+    for the runtime's release (Capabilities.vllm_version; harness.vocabulary.VLLM_RELEASES), or asks about
+    an input other releases lack (@pytest.mark.vllm_release). None: it applies."""
     caps = runtime.capabilities
     if not caps.vllm_policy or caps.vllm_version not in VLLM_RELEASES:
         return None
+    for marker in item.iter_markers("vllm_release"):
+        if caps.vllm_version not in marker.args:
+            return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_version}'s policy; this case asks about an "
+                    f"input only vLLM {', '.join(marker.args)} has")
     params = getattr(getattr(item, "callspec", None), "params", {})
     runners = {value.runner for value in params.values() if isinstance(value, PolicyConfig)}
     runners |= {marker.args[0] for marker in item.iter_markers("vllm_runner")}

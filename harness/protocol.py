@@ -118,6 +118,9 @@ class ResolveRequest:
     # vLLM's compilation options; a runtime without them is asked only the defaults.
     attention_in_splitting_ops: bool = True  # piecewise graphs can split at attention
     splitting_ops_empty: bool = False  # nothing to split at: the whole forward is one piece
+    # Piecewise graphs can be captured (vLLM 0.33's piecewise_capture_available): False where the loaded
+    # model gives no compiled pieces, whatever the splitting ops say (docs/spec.md 5.3). vLLM 0.33 only.
+    piecewise_capture: bool = True
 
 
 @dataclass(frozen=True)

@@ -82,14 +82,18 @@ RESOLUTION_TABLE = {
     FDO: (FDO, FDO, FDO, "PIECEWISE"),
     FAP: (FAP, FAP, FAP, "PIECEWISE"),
 }
-# Without attention in the splitting ops (no piecewise graphs); None: the spec fixes no value.
+# Without attention in the splitting ops and without piecewise capture (no piecewise graphs at all),
+# vLLM 0.33 (docs/spec.md 5.3); None: the spec fixes no value.
 RESOLUTION_TABLE_NO_PIECEWISE = {
     "NONE": ("NONE", "NONE", "NONE", "NONE"),
     "PIECEWISE": ("NONE", "NONE", "NONE", "NONE"),
     "FULL": ("FULL", FDO, FDO, ERROR),
     FDO: (FDO, FDO, FDO, "NONE"),
-    FAP: (None, None, None, "NONE"),
+    FAP: (FDO, FDO, FDO, "NONE"),
 }
+# Where a release departs from the table above (docs/spec.md section 11): vLLM 0.25 turns every mode
+# that needs piecewise graphs into NONE when none can be captured.
+RESOLUTION_NO_PIECEWISE_BY_RELEASE = {"0.25": {FAP: ("NONE", "NONE", "NONE", "NONE")}}
 
 
 @dataclass(frozen=True)
@@ -100,12 +104,19 @@ class ExpectedResolution:
 
 def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0,
                         attention_in_splitting_ops: bool = True,
-                        splitting_ops_empty: bool = False) -> ExpectedResolution:
-    """The spec's cell for a request, with its q > 1 and empty-splitting-ops rules applied."""
-    piecewise = attention_in_splitting_ops and not splitting_ops_empty
+                        splitting_ops_empty: bool = False, vllm_version: str = "0.33",
+                        piecewise_capture: bool = True) -> ExpectedResolution:
+    """The spec's cell for a request, with its q > 1 and empty-splitting-ops rules applied, for the
+    given vLLM release. Without piecewise capture the cells are those without attention split: a
+    downgrade to pieces is undone by vLLM 0.33's second check (docs/spec.md 5.3). (The calculator's
+    resolve_mode answers the finer inputs too: capture without attention split, the fusion.)"""
+    piecewise = attention_in_splitting_ops and not splitting_ops_empty and piecewise_capture
     if splitting_ops_empty and mode == FAP:
         mode = "FULL"
-    cell = (RESOLUTION_TABLE if piecewise else RESOLUTION_TABLE_NO_PIECEWISE)[mode][SUPPORT_LEVELS.index(support)]
+    table = RESOLUTION_TABLE
+    if not piecewise:
+        table = {**RESOLUTION_TABLE_NO_PIECEWISE, **RESOLUTION_NO_PIECEWISE_BY_RELEASE.get(vllm_version, {})}
+    cell = table[mode][SUPPORT_LEVELS.index(support)]
     if cell == ERROR:
         return ExpectedResolution(None, error=True)
     if (num_speculative_tokens > 0 and cell is not None and ROUTINES[cell][0] == "FULL"

@@ -76,6 +76,8 @@ class ReferenceRuntime:
             request.mode, request.support, num_speculative_tokens=request.num_speculative_tokens,
             attention_in_splitting_ops=request.attention_in_splitting_ops,
             splitting_ops_empty=request.splitting_ops_empty,
+            # True leaves capture to the splitting ops (the calculator's None); False takes it away.
+            piecewise_capture=None if getattr(request, "piecewise_capture", True) else False,
         )
         return p.Resolution(result.requested.name, result.resolved.name, result.warnings)
 

@@ -4,6 +4,10 @@
     python -m reference_runtime pad --batch 500 --json
     python -m reference_runtime dispatch --num-tokens 1-16 --uniform --num-speculative-tokens 1
     python -m reference_runtime resolve --mode FULL --support UNIFORM_BATCH
+    python -m reference_runtime resolve --support ALWAYS -O1
+    python -m reference_runtime dispatch --query-lens 2,2,2 --num-speculative-tokens 1
+    python -m reference_runtime sizes --max-num-seqs 8 --compile-sizes 1,2,3
+    python -m reference_runtime sizes --max-num-seqs 128 --num-speculative-tokens 16 --speculative-schedule 1-16:16,17-128:2
 
 Only the standard library and `reference_runtime.policy`: no torch, so it starts instantly anywhere.
 Bad input exits 2 with one line (`{"error": ...}` on stdout with --json, `error: ...` on stderr
@@ -21,7 +25,10 @@ import textwrap
 from dataclasses import asdict
 
 from .policy import AttentionCGSupport, CUDAGraphMode, Dispatcher, PaddingTable, PolicyConfig, capture_sizes, resolve_mode
+from .policy.compilation import OPTIMIZATION_LEVELS, check_compile_sizes, compilation_defaults
 from .policy.config import DEFAULT_RUNNER, RUNNERS
+from .policy.dispatch import is_uniform_decode
+from .policy.resolve import RELEASES
 from .policy.sizes import default_cap
 
 PROG = "python -m reference_runtime"
@@ -79,6 +86,17 @@ def size_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """FIRST-LAST:K,... (batch sizes FIRST..LAST run K speculative tokens)."""
+    entries = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"expected FIRST-LAST:K entries like 1-16:3,17-256:1, got {text!r}")
+        entries.append(tuple(int(g) for g in match.groups()))
+    return tuple(entries)
+
+
 def _enum(parse):
     def convert(text: str):
         try:
@@ -101,13 +119,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default max(8192, max_num_seqs); must be >= --max-num-seqs")
     g.add_argument("--num-speculative-tokens", type=non_negative, default=0, metavar="K",
                    help="default 0; q = 1 + K tokens per request in a uniform decode step")
+    g.add_argument("--speculative-schedule", type=schedule, metavar="1-16:3,17-256:1",
+                   help="dynamic speculative decoding: batch sizes FIRST..LAST run K speculative tokens "
+                        "(K at most --num-speculative-tokens); sizes and V2 decode graphs cover each q")
     g.add_argument("--platform-max", type=positive, default=512, metavar="D",
                    help="platform max capture size: 512, or 1024 on SM100 (default 512)")
     g.add_argument("--sizes", type=size_list, metavar="1,2,4", help="user capture sizes, comma-separated")
-    g.add_argument("--max-capture-size", type=positive, metavar="M", help="user max capture size")
-    g.add_argument("--mode", type=_enum(CUDAGraphMode.parse), default=CUDAGraphMode.FULL_AND_PIECEWISE,
-                   help=f"graph mode, one of {MODES} (default FULL_AND_PIECEWISE). For sizes and pad it "
-                        "only decides whether sizes round up to multiples of q; resolve takes it as the request")
+    g.add_argument("--max-capture-size", type=non_negative, metavar="M",
+                   help="user max capture size (0: no graphs, with --mode NONE)")
+    g.add_argument("--mode", type=_enum(CUDAGraphMode.parse), default=None,
+                   help=f"graph mode, one of {MODES} (default: the optimization level's, FULL_AND_PIECEWISE at -O2). "
+                        "For sizes and pad it decides whether anything is captured and whether sizes round up "
+                        "to multiples of q; resolve takes it as the request")
+    g.add_argument("-O", "--optimization-level", type=int, choices=sorted(OPTIMIZATION_LEVELS), default=2,
+                   metavar="LEVEL", help="vLLM's -O0..-O3 (default 2): the mode and compilation left unset")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's enforce_eager: no compilation, mode NONE, max capture size 0")
+    g.add_argument("--compile-sizes", type=size_list, metavar="1,2,4",
+                   help="vLLM's compile_sizes: each must be a capture size or above the largest")
     g.add_argument("--runner", choices=RUNNERS, default=DEFAULT_RUNNER,
                    help=f"vLLM's model runner whose rules apply (default {DEFAULT_RUNNER}, as vLLM 0.33): v1 rounds "
                         "sizes to multiples of q under FULL decode graphs, v2 only its decode keys")
@@ -127,8 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     pad = add("pad", "the padded size and wasted tokens of a batch")
     pad.add_argument("--batch", type=count_or_range, required=True, metavar="B|A-B", help="tokens in the batch")
     dispatch = add("dispatch", "the runtime mode and graph key of a batch (the mode comes from --mode)")
-    dispatch.add_argument("--num-tokens", type=count_or_range, required=True, metavar="T|A-B",
+    dispatch.add_argument("--num-tokens", type=count_or_range, metavar="T|A-B",
                           help="tokens in the batch; with a range and --uniform only multiples of q are rows")
+    dispatch.add_argument("--query-lens", type=size_list, metavar="1,1,2",
+                          help="each request's tokens this step, instead of --num-tokens/--num-reqs/--uniform: "
+                               "uniform is decided from them as vLLM decides it")
+    dispatch.add_argument("--has-prefill", action="store_true",
+                          help="with --query-lens: a request is a prompt chunk (V2 then never takes a decode graph)")
     dispatch.add_argument("--num-reqs", type=positive, metavar="R",
                           help="requests in the batch (single --num-tokens only). Default: num_tokens / q "
                                "with --uniform, else min(num_tokens, max_num_seqs)")
@@ -141,17 +175,30 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--no-piecewise", action="store_true",
                          help="attention is not in the splitting ops, so no PIECEWISE routine exists")
     resolve.add_argument("--empty-splitting-ops", action="store_true", help="splitting_ops is empty")
+    resolve.add_argument("--no-piecewise-capture", action="store_true",
+                         help="piecewise graphs cannot be captured (no piecewise compilation, no breakable graphs), "
+                              "whether or not attention is in the splitting ops")
+    resolve.add_argument("--attention-quant-fusion", action="store_true",
+                         help="vLLM's fuse_attn_quant under piecewise compilation: the splitting ops are emptied")
+    resolve.add_argument("--release", choices=RELEASES, default="0.33", help="the vLLM release's rules (default 0.33)")
     return parser
 
 
 def _config(args) -> PolicyConfig:
-    return PolicyConfig(
+    defaults = compilation_defaults(args.optimization_level, enforce_eager=args.enforce_eager, mode=args.mode)
+    args.mode, args.piecewise_compilation = defaults.mode, defaults.piecewise_compilation
+    config = PolicyConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         num_speculative_tokens=args.num_speculative_tokens, platform_max=args.platform_max,
-        capture_sizes=args.sizes, max_capture_size=args.max_capture_size, mode=args.mode,
+        capture_sizes=() if args.enforce_eager else args.sizes,
+        max_capture_size=defaults.max_capture_size if args.enforce_eager else args.max_capture_size, mode=args.mode,
         max_loras=args.max_loras, specialize_lora=not args.no_specialize_lora,
         specialize_active_loras=args.specialize_active_loras, runner=args.runner,
+        speculative_schedule=args.speculative_schedule,
     )
+    if args.compile_sizes is not None:
+        check_compile_sizes(args.compile_sizes, capture_sizes(config), config.mode)
+    return config
 
 
 def _header(config: PolicyConfig, sizes: list[int]) -> str:
@@ -195,6 +242,13 @@ def cmd_pad(args, config):
 
 def cmd_dispatch(args, config):
     q = config.query_len
+    if args.query_lens is not None:
+        if args.num_tokens is not None or args.num_reqs is not None or args.uniform:
+            raise UsageError("--query-lens gives the batch; drop --num-tokens, --num-reqs and --uniform")
+        args.uniform = is_uniform_decode(args.query_lens, q, has_prefill=args.has_prefill, runner=config.runner)
+        args.num_tokens, args.num_reqs = sum(args.query_lens), len(args.query_lens)
+    elif args.num_tokens is None:
+        raise UsageError("dispatch needs --num-tokens (or --query-lens)")
     values = _values(args.num_tokens)
     is_range = isinstance(args.num_tokens, tuple)
     if args.num_reqs is not None and is_range:
@@ -202,7 +256,7 @@ def cmd_dispatch(args, config):
     if args.num_active_loras and args.num_active_loras > config.max_loras:
         # With LoRA off the policy would just miss every key; say so instead.
         raise UsageError(f"--num-active-loras {args.num_active_loras} needs --max-loras >= {args.num_active_loras}")
-    if args.uniform:
+    if args.uniform and config.speculative_schedule is None:
         # A uniform decode step is num_reqs requests of q tokens each.
         if not is_range and values[0] % q:
             raise UsageError(f"--uniform needs --num-tokens to be a multiple of q = {q} "
@@ -232,9 +286,11 @@ def cmd_dispatch(args, config):
 
 
 def cmd_resolve(args, config):
+    piecewise_capture = None if args.piecewise_compilation and not args.no_piecewise_capture else False
     res = resolve_mode(args.mode, args.support, num_speculative_tokens=args.num_speculative_tokens,
-                       attention_in_splitting_ops=not args.no_piecewise,
-                       splitting_ops_empty=args.empty_splitting_ops)
+                       attention_in_splitting_ops=not args.no_piecewise and args.piecewise_compilation,
+                       splitting_ops_empty=args.empty_splitting_ops, piecewise_capture=piecewise_capture,
+                       attention_quant_fusion=args.attention_quant_fusion, release=args.release)
     data = {"requested": res.requested.name, "resolved": res.resolved.name, "warnings": list(res.warnings)}
     text = "\n".join([f"{res.requested.name} + {args.support.name} -> {res.resolved.name}"]
                      + [f"warning: {w}" for w in res.warnings])

@@ -23,7 +23,7 @@ from harness.expectations import expected
 from harness.expectations import oracle
 from harness.expectations.expected import by_release, vllm_rules
 from harness.protocol import Descriptor, Dispatch, PolicyConfig
-from harness.scenarios.strategies import QUERY_LENS, RUNNERS, sweep_configs
+from harness.scenarios.strategies import LARGE_SWEEP_CONFIGS, QUERY_LENS, RUNNERS, sweep_configs
 from harness.vocabulary import CONFIG_MODES, CONTRACT, FAP, FDO, ORACLE, OWN_POLICY, ROUTINES, SPEC, padded
 
 INVARIANT = "dispatch"
@@ -105,7 +105,9 @@ EVERY_Q_AND_RUNNER = [_config(FAP, 60, max_num_batched_tokens=100, num_speculati
 
 
 def every_q_and_runner(test):
-    for config in EVERY_Q_AND_RUNNER:
+    """The configs every sweep asks besides the drawn ones: each q and runner near the budget's
+    edge, and vLLM's defaults and largest grids (strategies.LARGE_SWEEP_CONFIGS)."""
+    for config in EVERY_Q_AND_RUNNER + list(LARGE_SWEEP_CONFIGS):
         test = example(config=config)(test)
     return test
 

@@ -2,7 +2,7 @@
 attention backend.
 
 - vLLM conformance (`vllm_policy`): the spec's table cell by cell, its variants without
-  piecewise graphs, with empty splitting ops and with q > 1; rejections that suggest what works;
+  piecewise graphs, without piecewise capture (vLLM 0.33), with empty splitting ops and with q > 1; rejections that suggest what works;
   modes without FULL graphs do not depend on attention support.
 - Any runtime with `mode_resolution`: every answer is a config mode, echoes the request, keeps
   no FULL graphs over attention that cannot be captured, and no downgrade is silent. Runtimes
@@ -28,6 +28,11 @@ def _cells(**variant):
 
 
 def _check(check, runtime, record, request, expected, variant):
+    # The cell of the runtime's declared release (docs/spec.md section 11), where releases differ.
+    expected = expected_resolution(request.mode, request.support, request.num_speculative_tokens,
+                                   request.attention_in_splitting_ops, request.splitting_ops_empty,
+                                   vllm_version=runtime.capabilities.vllm_version,
+                                   piecewise_capture=request.piecewise_capture)
     cell = dict(variant=variant, requested=request.mode, support=request.support)
     if expected.error:
         record(ResolutionCell(**cell, resolved="error"))
@@ -58,6 +63,22 @@ def test_without_attention_in_splitting_ops(check, runtime, record, request_, ex
 @pytest.mark.parametrize("request_,expected", list(_cells(splitting_ops_empty=True)))
 def test_with_empty_splitting_ops(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "empty splitting_ops")
+
+
+@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.vllm_release("0.33")
+@pytest.mark.parametrize("request_,expected", list(_cells(piecewise_capture=False)))
+def test_without_piecewise_capture(check, runtime, record, request_, expected):
+    """Attention split, but the loaded model gives no piecewise graphs: vLLM 0.33 drops the pieces
+    its backend downgrades led to (docs/spec.md 5.3); vLLM 0.25 has no such input."""
+    _check(check, runtime, record, request_, expected, "no piecewise capture")
+
+
+@pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")
+@pytest.mark.vllm_release("0.33")
+@pytest.mark.parametrize("request_,expected", list(_cells(piecewise_capture=False, num_speculative_tokens=2)))
+def test_speculative_decoding_without_piecewise_capture(check, runtime, record, request_, expected):
+    _check(check, runtime, record, request_, expected, "q=3, no piecewise capture")
 
 
 @pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")

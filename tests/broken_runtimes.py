@@ -127,6 +127,19 @@ class MissingOffGridAppend(ReferenceRuntime):
         return sizes
 
 
+class GridGapsAbove256(ReferenceRuntime):
+    """Above 256 its default grid skips every third step of 16 (288, 336, ...): a batch there pads
+    16 tokens further. Only grids past 256 show it, so only a sweep that reaches vLLM's sizes does."""
+
+    name = "grid-gaps-above-256"
+
+    def capture_sizes(self, config):
+        sizes = list(super().capture_sizes(config))
+        if config.capture_sizes is None and sizes:
+            sizes = [s for s in sizes if not (256 < s < sizes[-1] and s % 48 == 0)]
+        return sizes
+
+
 class NoSpeculativeRounding(ReferenceRuntime):
     """Does not round sizes to multiples of q for FULL decode graphs."""
 
@@ -292,5 +305,5 @@ MUTANTS = [
     SilentDowngrade, FullWithNeverBackend, PiecewiseBeforeFull, LoraCountNotRounded, DataParallelMovesUp,
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
     V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
-    VagueRejection, DeclaresVllm025AnswersVllm033, V2DecodeKeysPastTheMax,
+    VagueRejection, DeclaresVllm025AnswersVllm033, V2DecodeKeysPastTheMax, GridGapsAbove256,
 ]

@@ -422,3 +422,82 @@ def test_python_m_entry_point():
     messages = [line for line in bad.stderr.splitlines() if not line.startswith("import time:")]
     assert len(messages) == 1 and messages[0].startswith("error: ")
     assert "Traceback" not in bad.stderr
+
+
+# -- vLLM's compilation settings and the finer resolution inputs (docs/spec.md 2.3, 3.8, 4.8, 5.3) --
+@pytest.mark.parametrize("argv, resolved", [
+    (["--mode", "FULL_AND_PIECEWISE", "--support", "ALWAYS", "--no-piecewise"], "FULL_DECODE_ONLY"),
+    (["--mode", "FULL_AND_PIECEWISE", "--support", "ALWAYS", "--no-piecewise", "--release", "0.25"], "NONE"),
+    (["--mode", "FULL", "--support", "UNIFORM_BATCH", "--no-piecewise-capture"], "FULL_DECODE_ONLY"),
+    (["--mode", "FULL_AND_PIECEWISE", "--support", "UNIFORM_BATCH", "--no-piecewise-capture"], "FULL_DECODE_ONLY"),
+    (["--mode", "PIECEWISE", "--support", "ALWAYS", "--attention-quant-fusion"], "FULL"),
+    (["--mode", "FULL_AND_PIECEWISE", "--support", "UNIFORM_BATCH", "--attention-quant-fusion"], "FULL_DECODE_ONLY"),
+    (["--support", "ALWAYS", "-O0"], "NONE"),
+    (["--support", "ALWAYS", "-O1"], "PIECEWISE"),
+    (["--support", "ALWAYS", "-O3"], "FULL_AND_PIECEWISE"),
+    (["--support", "ALWAYS", "-O0", "--mode", "FULL_AND_PIECEWISE"], "FULL_DECODE_ONLY"),
+    (["--support", "ALWAYS", "--enforce-eager", "--mode", "FULL"], "NONE"),
+])
+def test_resolve_compilation_settings(capsys, argv, resolved):
+    assert ok_json(capsys, "resolve", *argv)["resolved"] == resolved
+
+
+def test_enforce_eager_captures_nothing(capsys):
+    assert ok_json(capsys, "sizes", "--enforce-eager") == {"sizes": [], "count": 0, "max_capture_size": 0}
+
+
+def test_a_max_of_zero_goes_with_mode_none(capsys):
+    assert ok_json(capsys, "sizes", "--mode", "NONE", "--max-capture-size", "0")["max_capture_size"] == 0
+    code, data = run_json(capsys, "sizes", "--max-capture-size", "0")
+    assert code == 2 and "give a max >= 1, or mode NONE" in data["error"]
+
+
+def test_compile_sizes_that_padding_moves_are_one_clear_error(capsys):
+    code, out, err = run_text(capsys, "sizes", "--max-num-seqs", "8", "--compile-sizes", "1,2,3")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "compile_sizes holds 3, which cudagraph padding would run at 4" in err
+    assert ok_json(capsys, "sizes", "--max-num-seqs", "8", "--compile-sizes", "1,2,4,100")["count"] == 5
+
+
+@pytest.mark.parametrize("argv, mode, uniform", [
+    (["--query-lens", "2,2,2", "--num-speculative-tokens", "1"], "FULL", True),
+    (["--query-lens", "2,1,2", "--num-speculative-tokens", "1"], "PIECEWISE", False),
+    (["--query-lens", "2,2,2", "--num-speculative-tokens", "1", "--has-prefill"], "PIECEWISE", False),
+    (["--query-lens", "2,2,2", "--num-speculative-tokens", "1", "--has-prefill", "--runner", "v1"], "FULL", True),
+    (["--query-lens", "1,1,1,1,1,1,1,1,1", "--max-num-seqs", "8", "--sizes", "1,2,4,8"], "NONE", True),
+])
+def test_dispatch_decides_uniform_from_the_requests(capsys, argv, mode, uniform):
+    data = ok_json(capsys, "dispatch", *argv)
+    assert data["runtime_mode"] == mode
+    assert data["descriptor"]["uniform"] == (uniform and mode == "FULL")
+
+
+def test_more_requests_than_max_num_seqs_dispatch_like_vllm(capsys):
+    data = ok_json(capsys, "dispatch", "--num-tokens", "10", "--num-reqs", "10", "--max-num-seqs", "8",
+                   "--max-num-batched-tokens", "64", "--sizes", "1,2,4,8,16")
+    assert data["runtime_mode"] == "PIECEWISE"  # no FULL key holds 10 requests; the piecewise one does
+
+
+def test_query_lens_replace_the_batch_options(capsys):
+    code, data = run_json(capsys, "dispatch", "--query-lens", "1,1", "--num-tokens", "2")
+    assert code == 2 and "drop --num-tokens" in data["error"]
+    code, data = run_json(capsys, "dispatch")
+    assert code == 2 and "needs --num-tokens" in data["error"]
+
+
+def test_a_dynamic_speculative_schedule_gives_each_q_its_sizes(capsys):
+    argv = ["--max-num-seqs", "17", "--num-speculative-tokens", "4", "--max-num-batched-tokens", "32768"]
+    static = ok_json(capsys, "sizes", *argv)["sizes"]
+    dynamic = ok_json(capsys, "sizes", *argv, "--speculative-schedule", "1-2:4,5-5:1")["sizes"]
+    assert 34 in dynamic and 34 not in static  # 17 requests of q = 2 (the tail after batch 5)
+    data = ok_json(capsys, "dispatch", "--num-tokens", "6", "--num-reqs", "3", "--uniform", "--max-num-seqs", "8",
+                   "--num-speculative-tokens", "3", "--speculative-schedule", "1-2:3,3-8:1")
+    assert data == {"runtime_mode": "FULL", "descriptor": {"num_tokens": 8, "num_reqs": 4, "uniform": True,
+                                                           "has_lora": False, "num_active_loras": 0}}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1-x", "expected FIRST-LAST:K entries"), ("2-5:1", "must start at batch size 1"), ("1-4:1,3-8:2", "overlap")])
+def test_a_bad_speculative_schedule_is_one_line(capsys, text, words):
+    code, data = run_json(capsys, "sizes", "--num-speculative-tokens", "2", "--speculative-schedule", text)
+    assert code == 2 and words in data["error"]

@@ -49,7 +49,9 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
     if tokens < config.max_num_seqs:
         raise ValueError("max_num_batched_tokens below max_num_seqs")
     if config.mode == "NONE":
-        return ()  # nothing is captured
+        return ()  # nothing is captured (a max of 0 says the same)
+    if config.max_capture_size is not None and config.max_capture_size < 1:
+        raise ValueError("a max capture size of 0 captures nothing, which only mode NONE allows")
     if config.capture_sizes is not None:
         if not config.capture_sizes:
             raise ValueError("an empty list of user sizes")

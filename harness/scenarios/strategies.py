@@ -60,22 +60,31 @@ def plain_configs(modes=CONFIG_MODES):
 QUERY_LENS = (1, 2, 3, 4, 5)
 RUNNERS = ("v1", "v2")
 
-_SWEEP_SEQS = st.integers(1, 32)
+# Mostly small configs (a sweep asks about every batch size, so the grid's length is its cost), and
+# now and then vLLM's own sizes: max_num_seqs up to 1024 and token budgets up to 8192, where the
+# grid runs past 256 in steps of 16 and a 1024 platform maximum binds.
+_SWEEP_SMALL_SEQS = st.integers(1, 32)
+_SWEEP_SEQS = st.one_of(_SWEEP_SMALL_SEQS, _SWEEP_SMALL_SEQS, _SWEEP_SMALL_SEQS, _SWEEP_SMALL_SEQS,
+                        st.one_of(st.integers(33, 1024), st.sampled_from([256, 264, 300, 512, 1000, 1024])))
 _SWEEP_SIZES_CHOICE = st.sampled_from(["default", "default", "default", "user_sizes", "user_max"])
-_SWEEP_USER_SIZES = st.lists(st.integers(1, 200), min_size=1, max_size=8)
-_SWEEP_USER_MAX = st.integers(1, 300)
+_SWEEP_USER_SIZES = st.lists(st.integers(1, 1100), min_size=1, max_size=8)
+_SWEEP_USER_MAX = st.integers(1, 1100)
+MAX_SWEEP_TOKENS = 8192  # vLLM's default max_num_batched_tokens
 
 
 @functools.lru_cache(maxsize=None)
 def _sweep_token_budgets(seqs: int):
-    return st.one_of(st.none(), st.integers(seqs, seqs + 64))
+    return st.one_of(st.none(), st.integers(seqs, seqs + 64),
+                     st.integers(seqs, max(seqs, MAX_SWEEP_TOKENS)), st.sampled_from([2048, MAX_SWEEP_TOKENS])).filter(
+        lambda t: t is None or t >= seqs)
 
 
 @st.composite
 def sweep_configs(draw, *, modes=CONFIG_MODES):
-    """Configs small enough to ask about every batch size: max_num_seqs up to 32, so grids stop at a
-    few hundred tokens, with a binding token budget, user sizes or a user max now and then, every
-    mode and both runners."""
+    """Configs to ask about every batch size: mostly max_num_seqs up to 32, so grids stop at a few
+    hundred tokens, and one draw in five up to vLLM's largest (1024 sequences, 8192 tokens), with a
+    binding token budget, user sizes or a user max now and then, every q, every mode and both runners.
+    LARGE_SWEEP_CONFIGS are always asked besides."""
     seqs = draw(_SWEEP_SEQS)
     tokens = draw(_sweep_token_budgets(seqs))
     sizes = user_max = None
@@ -87,3 +96,17 @@ def sweep_configs(draw, *, modes=CONFIG_MODES):
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=draw(
         _sampled_from(QUERY_LENS)) - 1, platform_max=draw(_PLATFORM_MAX), capture_sizes=sizes,
         max_capture_size=user_max, mode=draw(_sampled_from(tuple(modes))), runner=draw(_sampled_from(RUNNERS)))
+
+
+# Always swept, whatever is drawn: vLLM's defaults and largest grids (256 and 1024 sequences, an
+# off-grid count above 256, both platform maxima, the 8192-token default budget), without and with
+# speculative decoding (q = 3), under both runners. The drawn configs reach every q.
+LARGE_SWEEP_CONFIGS = tuple(
+    PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, platform_max=platform,
+                 num_speculative_tokens=q - 1, mode=mode, runner=runner)
+    for (seqs, tokens, platform, mode), q, runner in (
+        (row, q, runner)
+        for row in ((256, None, 512, "FULL_AND_PIECEWISE"), (1024, 8192, 1024, "FULL_AND_PIECEWISE"),
+                    (300, 8192, 1024, "FULL_DECODE_ONLY"), (1000, 2048, 1024, "FULL"))
+        for q in (1, 3) for runner in RUNNERS)
+)

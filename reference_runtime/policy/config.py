@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .modes import CUDAGraphMode
+from .speculation import check_schedule
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 PLATFORM_MAX_DEFAULT = 512  # 1024 on SM100 (B200 class)
@@ -49,11 +50,15 @@ class PolicyConfig:
     specialize_lora: bool = True  # capture separate no-LoRA and LoRA graphs
     specialize_active_loras: bool = False  # one graph per captured active-adapter count
     runner: str = DEFAULT_RUNNER  # vLLM's model runner whose rules apply (docs/runners.md)
+    # Dynamic speculative decoding: ((first batch, last batch, speculative tokens), ...); None: static.
+    speculative_schedule: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "mode", CUDAGraphMode.parse(self.mode))
         if self.capture_sizes is not None:
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
+        if self.speculative_schedule is not None:
+            object.__setattr__(self, "speculative_schedule", check_schedule(self.speculative_schedule))
         _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
         _check_int("platform_max", self.platform_max, minimum=1)
@@ -68,7 +73,11 @@ class PolicyConfig:
                     f"max_num_seqs ({self.max_num_seqs}): every running request needs at least one token per step"
                 )
         if self.max_capture_size is not None:
-            _check_int("max_capture_size", self.max_capture_size, minimum=1)
+            # A max of 0 is how vLLM says "no graphs"; it goes only with mode NONE (CompilationConfig).
+            _check_int("max_capture_size", self.max_capture_size, minimum=0)
+            if self.max_capture_size == 0 and self.mode is not CUDAGraphMode.NONE:
+                raise ValueError(f"max_capture_size 0 captures no graph, but mode {self.mode.name} needs graphs; "
+                                 "give a max >= 1, or mode NONE")
         if self.capture_sizes is not None:
             for size in self.capture_sizes:
                 _check_int("capture_sizes", size, minimum=1)

@@ -2,6 +2,7 @@
 runners, docs/runners.md)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from .config import PolicyConfig
@@ -9,6 +10,7 @@ from .lora import effective_active_loras, lora_cases
 from .modes import RUNTIME_MODES, CUDAGraphMode
 from .padding import PaddingTable
 from .sizes import capture_sizes
+from .speculation import decode_tiers
 
 
 ALL_RUNTIME_MODES = frozenset(RUNTIME_MODES)
@@ -32,9 +34,13 @@ class BatchDescriptor:
 class Dispatcher:
     """Holds the valid keys per runtime mode and picks FULL > PIECEWISE > NONE for a batch."""
 
-    def __init__(self, config: PolicyConfig, mode: CUDAGraphMode | str | None = None):
+    def __init__(self, config: PolicyConfig, mode: CUDAGraphMode | str | None = None, *, piecewise_capture: bool = True):
         self.config = config
         self.mode = CUDAGraphMode.parse(mode if mode is not None else config.mode)
+        # vLLM's CudagraphDispatcher refuses an unresolved mode whose pieces cannot exist.
+        if self.mode.has_piecewise() and not piecewise_capture:
+            raise ValueError(f"mode {self.mode.name} needs piecewise graphs, but none can be captured (no piecewise "
+                             "compilation); resolve the mode first (resolve_mode drops the pieces)")
         self.keys: dict[CUDAGraphMode, set[BatchDescriptor]] = {
             CUDAGraphMode.FULL: set(),
             CUDAGraphMode.PIECEWISE: set(),
@@ -64,23 +70,38 @@ class Dispatcher:
                     key = self._padded_key(size, uniform=False, num_active_loras=loras)
                     self.add_key(mixed, key.relaxed() if mixed is CUDAGraphMode.PIECEWISE else key)
         if self.mode.decode_mode() is CUDAGraphMode.FULL and self.mode.separate_routine():
-            for size in self._decode_sizes():
-                for loras in cases:
-                    self.add_key(CUDAGraphMode.FULL, BatchDescriptor(size, size // self.config.query_len, True,
-                                                                     loras > 0, loras))
-        # V2 looks keys up per runtime mode and adapter case: the smallest key that holds the batch.
-        self.key_at = {(mode, k.num_active_loras, k.num_tokens): k for mode, keys in self.keys.items() for k in keys}
+            for q in self.decode_query_lens:
+                for size in self._decode_sizes(q):
+                    for loras in cases:
+                        self.add_key(CUDAGraphMode.FULL, BatchDescriptor(size, size // q, True, loras > 0, loras))
+        # V2 looks keys up per runtime mode and adapter case: the keys at the smallest size that holds
+        # the batch (several under dynamic speculative decoding: one per q).
+        self.key_at: dict[tuple, list[BatchDescriptor]] = {}
+        for mode, keys in self.keys.items():
+            for k in sorted(keys, key=lambda k: (k.num_tokens, k.num_reqs or 0)):
+                self.key_at.setdefault((mode, k.num_active_loras, k.num_tokens), []).append(k)
         self.key_tables = {(mode, loras): PaddingTable([n for m, c, n in self.key_at if (m, c) == (mode, loras)])
                            for mode in self.keys for loras in cases}
 
-    def _decode_sizes(self) -> list[int]:
-        """Token counts of the uniform-decode graphs: whole requests of q tokens, at most max_num_seqs.
+    @functools.cached_property
+    def decode_query_lens(self) -> list[int]:
+        """The q of every uniform-decode graph: the config's, or under V2 with a dynamic speculative
+        schedule each 1 + count the schedule gives (vLLM's CudaGraphManager._init_candidates)."""
+        if self.config.speculative_schedule is None or not self.config.rules.rounds_decode_keys_to_q:
+            return [self.config.query_len]
+        return sorted({tier_q for tier_q, _ in decode_tiers(self.config.speculative_schedule,
+                                                             self.config.max_num_seqs,
+                                                             self.config.num_speculative_tokens)})
+
+    def _decode_sizes(self, q: int) -> list[int]:
+        """Token counts of the uniform-decode graphs of q tokens a request: whole requests, at most
+        max_num_seqs.
 
         V1 keeps the sizes that are already multiples of q (they were rounded in sizes.py); V2
         rounds each size up to a multiple of q and keeps those within the max size
         (vLLM's CudaGraphManager._init_candidates).
         """
-        q, most = self.config.query_len, self.config.query_len * self.config.max_num_seqs
+        most = q * self.config.max_num_seqs
         if not self.config.rules.rounds_decode_keys_to_q:
             return [s for s in self.sizes if q <= s <= most and s % q == 0]
         rounded = {-(-s // q) * q for s in self.sizes}
@@ -142,10 +163,11 @@ class Dispatcher:
         ):
             return CUDAGraphMode.NONE, unpadded
         if rules.smallest_key_that_holds:
+            batch_q = self._batch_query_len(num_tokens, num_reqs)
             for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
-                key = self._smallest_key(mode, num_tokens, loras)
-                if mode in allowed_modes and key is not None and _holds(key, num_reqs, uniform):
-                    return mode, key
+                for key in self._smallest_keys(mode, num_tokens, loras) if mode in allowed_modes else ():
+                    if _holds(key, batch_q, num_reqs, uniform):
+                        return mode, key
         else:
             key = self._padded_key(num_tokens, uniform=uniform and self.mode.separate_routine(), num_active_loras=loras)
             if CUDAGraphMode.FULL in allowed_modes and key in self.keys[CUDAGraphMode.FULL]:
@@ -158,30 +180,70 @@ class Dispatcher:
                              "and NONE is not allowed")
         return CUDAGraphMode.NONE, unpadded
 
-    def _smallest_key(self, mode: CUDAGraphMode, num_tokens: int, loras: int) -> BatchDescriptor | None:
-        """V2: the key of `mode` at the smallest size of that mode's keys that holds num_tokens."""
+    def _batch_query_len(self, num_tokens: int, num_reqs: int) -> int:
+        """The q a uniform batch's requests bring: the config's, or under a dynamic speculative
+        schedule the one of its q's that its counts give (vLLM passes it as uniform_token_count)."""
+        for q in self.decode_query_lens[:-1]:
+            if num_tokens == q * num_reqs:
+                return q
+        return self.decode_query_lens[-1]
+
+    def _smallest_keys(self, mode: CUDAGraphMode, num_tokens: int, loras: int) -> list[BatchDescriptor]:
+        """V2: the keys of `mode` at the smallest size of that mode's keys that holds num_tokens."""
         table = self.key_tables.get((mode, loras))
         size = table.padded(num_tokens) if table is not None else None
-        return None if size is None else self.key_at[(mode, loras, size)]
+        return [] if size is None else self.key_at[(mode, loras, size)]
 
     def _check_batch(self, num_tokens: int, num_reqs: int | None, uniform: bool) -> None:
+        # More requests than max_num_seqs is a batch vLLM dispatches too (no key holds it: PIECEWISE
+        # or eager), so only the counts' own consistency is checked.
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if num_reqs is not None and not 1 <= num_reqs <= min(num_tokens, self.config.max_num_seqs):
+        if num_reqs is not None and not 1 <= num_reqs <= num_tokens:
+            raise ValueError(f"num_reqs must be in 1..num_tokens = 1..{num_tokens}, got {num_reqs}")
+        if uniform and num_reqs is not None and num_tokens not in {num_reqs * q for q in self.decode_query_lens}:
+            qs = "q" if len(self.decode_query_lens) == 1 else f"q in {self.decode_query_lens}"
             raise ValueError(
-                f"num_reqs must be in 1..min(num_tokens, max_num_seqs) = "
-                f"1..{min(num_tokens, self.config.max_num_seqs)}, got {num_reqs}"
-            )
-        if uniform and num_reqs is not None and num_tokens != num_reqs * self.config.query_len:
-            raise ValueError(
-                f"a uniform decode batch has num_tokens = q * num_reqs = {self.config.query_len} * {num_reqs}, "
-                f"got num_tokens={num_tokens}"
+                f"a uniform decode batch has num_tokens = {qs} * num_reqs = "
+                f"{' or '.join(str(q) for q in self.decode_query_lens)} * {num_reqs}, got num_tokens={num_tokens}"
             )
 
 
-def _holds(key: BatchDescriptor, num_reqs: int, uniform: bool) -> bool:
-    """V2's compatibility test: a uniform-decode key takes only uniform batches, and a key with a
-    request count takes at most that many requests."""
-    if key.uniform and not uniform:
+def uniform_token_count(query_lens, *, decode_graph_eligible: bool = True) -> int | None:
+    """The tokens every request has, where all have the same number; else None (vLLM's
+    get_uniform_decode_token_count: only the batch's shape, and a batch with a prompt chunk is
+    not eligible for a decode graph however it is shaped)."""
+    lens = list(query_lens)
+    if not lens or not decode_graph_eligible:
+        return None
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lens):
+        raise ValueError(f"query lengths are integers >= 1 (tokens a request brings this step), got {lens}")
+    longest = max(lens)
+    return longest if sum(lens) == longest * len(lens) else None
+
+
+def prompt_step_runs_as_decode(new_prompt_tokens: int, computed_prompt_tokens: int) -> bool:
+    """V2: a request still in its prompt computes like a decode when it brings one new prompt token
+    over context it already has (a prompt tail, maybe padded with placeholder drafts); a fresh prompt
+    or a longer chunk does not (vLLM's gather_batch_req_state)."""
+    return new_prompt_tokens == 1 and computed_prompt_tokens > 0
+
+
+def is_uniform_decode(query_lens, query_len: int, *, has_prefill: bool = False, runner: str = "v2") -> bool:
+    """Whether a batch takes the uniform-decode routine: every request brings q tokens.
+
+    V1 (GPUModelRunner._is_uniform_decode) looks only at the shape; V2 also refuses a batch where a
+    request computes a prompt chunk that does not run as a decode (`has_prefill`; see
+    prompt_step_runs_as_decode), since a decode graph would not compute its prompt. `uniform` in dispatch() stays an
+    override, as vLLM's force_uniform_decode is at capture.
+    """
+    count = uniform_token_count(query_lens, decode_graph_eligible=runner == "v1" or not has_prefill)
+    return count == query_len
+
+
+def _holds(key: BatchDescriptor, batch_query_len: int, num_reqs: int, uniform: bool) -> bool:
+    """V2's compatibility test: a uniform-decode key takes only uniform batches of its own q, and a
+    key with a request count takes at most that many requests."""
+    if key.uniform and not (uniform and key.num_tokens == batch_query_len * key.num_reqs):
         return False
     return key.num_reqs is None or key.num_reqs >= num_reqs

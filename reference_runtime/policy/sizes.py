@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import PolicyConfig
 from .modes import CUDAGraphMode
+from .speculation import decode_tiers
 
 
 def grid(cap: int) -> list[int]:
@@ -59,10 +60,13 @@ def _default_sizes(config: PolicyConfig) -> list[int]:
             sizes.add(config.max_num_seqs)  # the off-grid append
     else:
         # Speculative decoding: a uniform step of n requests has n * q tokens, for n on the
-        # request-count grid up to max_num_seqs.
-        most = min(config.max_num_seqs, config.platform_max)
-        requests = set(grid(most)) | {most}
-        sizes.update(n * q for n in requests if n * q <= cap)
+        # request-count grid up to max_num_seqs; under a dynamic schedule, for each q it has, up to
+        # the widest batch that runs at that q.
+        for tier_q, widest in decode_tiers(config.speculative_schedule, config.max_num_seqs,
+                                           config.num_speculative_tokens):
+            most = min(widest, config.platform_max)
+            requests = set(grid(most)) | {most}
+            sizes.update(n * tier_q for n in requests if n * tier_q <= cap)
     return sorted(sizes)
 
 

@@ -212,9 +212,11 @@ class VllmPolicyRuntime:
         config = p.PolicyConfig(num_speculative_tokens=request.num_speculative_tokens)  # the default runner
         with self._vllm(runner=config.runner) as warnings:
             compilation = self._vllm_config(config, request.mode, **options).compilation_config
+            # The runner's second check (vLLM 0.33): whether the loaded model gives piecewise graphs.
+            capture = {} if getattr(request, "piecewise_capture", True) else dict(piecewise_capture_available=False)
             resolved = compilation.resolve_cudagraph_mode_and_sizes(
                 AttentionCGSupport[request.support], "the weakest", config.query_len,
-                use_v2_model_runner=config.runner == "v2")
+                use_v2_model_runner=config.runner == "v2", **capture)
         return p.Resolution(request.mode, resolved.name, tuple(warnings))
 
     def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
