@@ -11,6 +11,11 @@ BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_
 # mutant -> (tests to run, words the failure must contain)
 MUST_CATCH = {
     "WorkspaceFreedUnderGraphs": ([BOUNDARY], "was freed after the capture"),
+    # On every path: eager too, so the anchor is what tells.
+    "AcceptsEveryDraft": (["test_numerical_anchor.py::test_steps_after_rejected_drafts_match_transformers[{name}-NONE]"],
+                          "transformers"),
+    "PersistentBatchAcceptsEveryDraft": (
+        ["test_replay_equivalence.py::test_steps_after_rejected_drafts_equal_eager[{name}]"], "rejected drafts"),
 }
 
 
