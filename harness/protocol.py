@@ -31,6 +31,9 @@ class Capabilities:
     # execution
     execution: bool = False  # build() gives an Engine
     speculative_steps: bool = False  # with speculative: build() takes num_speculative_tokens > 0, steps of q tokens
+    # with speculative_steps: a step may follow a verify step whose drafts were partly rejected
+    # (Request.num_rejected_tokens), and the engine rolls back as vLLM does (docs/spec.md section 6.7)
+    rejected_drafts: bool = False
     graph_backends: tuple[str, ...] = ()  # "emulated" (harness.graphs) and/or "cuda"
     attention_backends: tuple[tuple[str, str], ...] = ()  # (name, support level) pairs build() accepts
     padding_fills: tuple[str, ...] = ()  # what step(padding_fill=...) can put in padded rows
@@ -187,7 +190,12 @@ class Request:
 
     request_id: int
     token_ids: tuple[int, ...]  # 1 for decode, q for a verify step, more for prefill
-    context_len: int  # tokens already in the KV cache before this step
+    context_len: int  # tokens already in the KV cache before this step (accepted tokens only)
+    # Tokens of this request's previous step that the sampler rejected (its last drafts: vLLM's
+    # num_rejected_tokens). context_len already leaves them out, as vLLM's scheduler takes them off
+    # num_computed_tokens: this step's tokens go at their positions and slots, and their KV is never
+    # read. 0, the default: every draft was accepted. Only for runtimes that declare rejected_drafts.
+    num_rejected_tokens: int = 0
 
 
 @dataclass

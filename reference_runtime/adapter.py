@@ -51,7 +51,7 @@ class ReferenceRuntime:
     version = __version__
     capabilities = p.Capabilities(
         capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True, lora=True,
-        speculative=True, execution=True, speculative_steps=True, graph_backends=("emulated", "cuda"),
+        speculative=True, execution=True, speculative_steps=True, rejected_drafts=True, graph_backends=("emulated", "cuda"),
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
         padding_fills=FILLS, loads_checkpoint=True, kv_inspection=True,

@@ -58,6 +58,20 @@ def test_verify_steps_match_transformers(check, engines, record, anchor):
              "FULL_AND_PIECEWISE q=2")
 
 
+@pytest.mark.requires("speculative_steps", "rejected_drafts")
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+def test_steps_after_rejected_drafts_match_transformers(check, engines, record, anchor, mode):
+    """Verify steps (q = 3) that reject some drafts, then decode and verify steps
+    (harness.scenarios.drafts): the anchor sees each request's accepted tokens only, so an engine
+    that keeps the rejected drafts' KV in its context, or places the next tokens past them, on
+    every path (eager included, where replay equivalence compares it with itself) differs here."""
+    from harness.scenarios.drafts import rejecting_drafts
+
+    engine = engines.for_mode(mode, spec=2) if mode != "NONE" else engines.get(mode="NONE", capture=False, spec=2)
+    _compare(check, engines, record, anchor, rejecting_drafts(engine, anchor, engines.new_id() * 100, q=3),
+             f"{mode} q=3, drafts rejected")
+
+
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
 def test_decode_rows_follow_their_requests(check, engines, record, anchor, mode):
     """Decode steps of one size whose rows change owner (harness.scenarios.batches.OWNER_ROWS): an engine

@@ -4,8 +4,9 @@ s-1, s, s+1 of the runtime's own sizes, for uniform, mixed and q > 1 verify batc
 batches of q x num_reqs tokens in requests of unequal lengths (which are not uniform); a graph
 engine and an eager engine driven through the same generation agree at every step, and through
 decode steps of one size whose rows change owner (an engine that keeps request rows from step to
-step, as vLLM's persistent batch does, must follow each request to its row); one-token prompts join
-decode batches. The suites' larger engine (harness.runtime.observe) runs the boundaries its grid
+step, as vLLM's persistent batch does, must follow each request to its row), and through verify
+steps that reject drafts (the next step rolls back to the last accepted token); one-token prompts
+join decode batches. The suites' larger engine (harness.runtime.observe) runs the boundaries its grid
 adds: the steps of its policy, its largest graph and a maximum off its grid.
 
 Expected values: an eager step of the same runtime at the same shape (of the same engine, or of a
@@ -15,6 +16,7 @@ is checked against the runtime's own dispatch() on every step (harness.runtime.o
 import pytest
 
 from harness.expectations.equality import largest_difference, same_bits
+from harness.scenarios.drafts import rejecting_drafts
 from harness.scenarios.batches import (OWNER_ROWS, decode_requests, describe_batch, mixed_requests, prefill,
                                       prefill_within, rows_changing_owner, uneven_requests)
 from harness.scenarios.generation import generation, numbered
@@ -158,6 +160,31 @@ def test_decode_rows_follow_their_requests(check, engines, mode):
 def test_verify_rows_follow_their_requests(check, engines):
     """The same with verify steps of q = 2 tokens a request (a row's positions and slots span two)."""
     _rows_follow_their_requests(check, engines, "FULL_AND_PIECEWISE", spec=1, q=2)
+
+
+REJECTING_SPEC = 2  # q = 3: a verify step keeps none, one or both of its drafts
+
+
+@pytest.mark.requires("speculative_steps", "rejected_drafts")
+def test_steps_after_rejected_drafts_equal_eager(check, engines):
+    """Verify steps that reject some drafts, then decode and verify steps (harness.scenarios.drafts):
+    a fresh graph engine and a second engine's eager steps at the same padded sizes agree at every
+    step. An engine that advances a request past its rejected drafts on its graph path only (a
+    persistent batch adding q to every row's position) differs here; one that does it on every path
+    is the numerical anchor's to catch."""
+    q = REJECTING_SPEC + 1
+    graph_engine = engines.for_mode("FULL_AND_PIECEWISE", spec=REJECTING_SPEC, fresh=True)
+    twin = engines.for_mode("FULL_AND_PIECEWISE", spec=REJECTING_SPEC, fresh=True)
+    first_id = engines.new_id() * 100  # the same requests on both fresh engines
+    graph = [out for _, out, _ in rejecting_drafts(graph_engine, None, first_id, q)]
+    steps = iter(graph)
+    eager = rejecting_drafts(twin, None, first_id, q,
+                             step=lambda requests: twin.eager_step(requests, next(steps).padded_num_tokens))
+    for t, ((requests, expected, _), got) in enumerate(zip(eager, graph)):
+        rejected = {r.request_id: r.num_rejected_tokens for r in requests if r.num_rejected_tokens}
+        check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
+                        what=f"step {t} after verify steps (q = {q}) that rejected drafts {rejected or 'none'}",
+                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}")
 
 
 def _rows_follow_their_requests(check, engines, mode, spec, q):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.graphs import base, emulated, emulator, make_backend, pool
+from harness.graphs import base, emulated, emulator, held, make_backend, pool
 from harness.graphs.fidelity import ERROR, ROWS, main, render, run, verdict
 
 GPU_RESULTS = Path(__file__).resolve().parents[1] / "reports" / "h200" / "emulator_fidelity.json"
@@ -176,6 +176,10 @@ MUTANTS = {  # emulators (and an address check) built to slip past the table
     "PoolNeverReuses": lambda mp: mp.setattr(pool.Block, "_gone", lambda self, _: None),
     "PoolIgnoresHeldTensors": lambda mp: (mp.setattr(pool.Block, "use", lambda self, tensor: self.pool().free.add(self)),
                                           mp.setattr(pool.Block, "free_now", lambda self: True)),
+    # Graphs that keep alive what they use (the emulator before 0.4), and a watch that takes every
+    # storage the program's for freed.
+    "GraphsKeepFreedMemory": lambda mp: mp.setattr(held.Outside, "check", lambda self: None),
+    "EverythingLooksFreed": lambda mp: mp.setattr(held, "_use_count", lambda cdata: 0),
 }
 
 

@@ -182,12 +182,15 @@ def test_replaced_buffer_fails_on_first_replay(backend):
             graph.replay(step.inputs)
 
 
-def replace_after_one_good_replay(backend):
-    """Replay once with the captured buffer, then replace it with a new tensor of other data."""
+def replace_after_one_good_replay(backend, kept: list | None = None):
+    """Replay once with the captured buffer, then replace it with a new tensor of other data; the
+    captured one stays alive in `kept` (freed, a replay reads freed memory: test_freed_memory below)."""
     x = torch.ones(3, device=device_of(backend))
     with torch.inference_mode():
         graph = backend.capture(lambda: x * 2, static_inputs={"x": x}, name="double")
         graph.replay({"x": x})
+    if kept is not None:
+        kept.append(x)
     return graph, {"x": torch.full_like(x, 5.0)}
 
 
@@ -200,7 +203,8 @@ def test_debug_checks_every_replay():
 
 def test_without_debug_later_replays_are_unchecked_and_compute_on_the_old_buffer(backend):
     # Documented cost of checking only the first replay: a later swap goes unnoticed.
-    graph, replaced = replace_after_one_good_replay(backend)
+    kept = []
+    graph, replaced = replace_after_one_good_replay(backend, kept)
     graph.replay(replaced)
     assert graph.output.tolist() == [2.0, 2.0, 2.0]  # stale: 2 * the old ones, not 2 * 5
 

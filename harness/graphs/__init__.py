@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import torch
 
-from .base import CapturedGraph, CaptureError, GraphBackend, StaleAddressError
+from .base import CapturedGraph, CaptureError, FreedMemoryError, GraphBackend, StaleAddressError
 from .cuda import CudaGraphBackend
 from .emulated import EmulatedGraphBackend
 from ..vocabulary import GRAPH_BACKENDS as BACKEND_NAMES
 
 
-def make_backend(name: str, device: torch.device | str = "cpu", *, debug: bool = False) -> GraphBackend:
+def make_backend(name: str, device: torch.device | str = "cpu", *, debug: bool = False,
+                 watch_memory: bool = False) -> GraphBackend:
     """The backend called `name`; device is where the cuda backend captures (the emulator
-    runs on whatever device the captured tensors live on)."""
+    runs on whatever device the captured tensors live on). `watch_memory` (cuda; the emulator
+    always does): a replay of a graph whose memory the program freed raises FreedMemoryError."""
     if name == "emulated":
         return EmulatedGraphBackend(debug=debug)
     if name == "cuda":
-        return CudaGraphBackend(device, debug=debug)
+        return CudaGraphBackend(device, debug=debug, watch_memory=watch_memory)
     raise ValueError(f"unknown graph backend {name!r}; valid names: {', '.join(BACKEND_NAMES)}")
 
 
@@ -41,5 +43,5 @@ def device_for(graph_backend: str) -> str:
 
 __all__ = [
     "BACKEND_NAMES", "CaptureError", "CapturedGraph", "CudaGraphBackend", "EmulatedGraphBackend",
-    "GraphBackend", "StaleAddressError", "device_for", "make_backend",
+    "FreedMemoryError", "GraphBackend", "StaleAddressError", "device_for", "make_backend",
 ]

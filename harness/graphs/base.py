@@ -21,6 +21,10 @@ class StaleAddressError(RuntimeError):
     """A replay would read a static input from an address other than the captured one."""
 
 
+class FreedMemoryError(RuntimeError):
+    """A replay would use memory the program freed (or moved) after the graph's capture (held.py)."""
+
+
 @dataclass(frozen=True)
 class InputAddress:
     data_ptr: int

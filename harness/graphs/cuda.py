@@ -11,18 +11,25 @@ from typing import Any, Callable
 
 import torch
 
+from contextlib import nullcontext
+
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
+from .held import Outside, Watcher
 from .log import watch_cuda_graphs
 
 
 class CudaGraph(CapturedGraph):
     num_ops = None  # CUDAGraph exposes no cheap node count
 
-    def __init__(self, backend, name, output, input_addresses, graph: torch.cuda.CUDAGraph):
+    def __init__(self, backend, name, output, input_addresses, graph: torch.cuda.CUDAGraph,
+                 outside: Outside | None = None):
         super().__init__(backend, name, output, input_addresses)
         self._graph = graph
+        self._outside = outside  # watch_memory: the memory it uses that the program owns
 
     def _launch(self) -> None:
+        if self._outside is not None:
+            self._outside.check()  # FreedMemoryError rather than a replay over reused memory
         self._graph.replay()
 
 
@@ -38,7 +45,7 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
 class CudaGraphBackend(GraphBackend):
     name = "cuda"
 
-    def __init__(self, device: torch.device | str = "cuda", debug: bool = False):
+    def __init__(self, device: torch.device | str = "cuda", debug: bool = False, watch_memory: bool = False):
         if not torch.cuda.is_available():
             raise ValueError("graph backend 'cuda' needs a CUDA device, and none is available here; "
                              "use the 'emulated' backend on CPU-only machines")
@@ -48,6 +55,10 @@ class CudaGraphBackend(GraphBackend):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         super().__init__(debug)
+        # A debug mode: each capture notes the memory its ops use that it did not allocate, keeps it
+        # (so a replay never reads a successor's data) and checks before each replay that the
+        # program still holds it (held.py). It costs a dispatch mode during capture.
+        self.watch_memory = watch_memory
         watch_cuda_graphs()
         with torch.cuda.device(self.device):
             self._pools = [torch.cuda.graph_pool_handle()]  # the last is current; see below
@@ -56,9 +67,11 @@ class CudaGraphBackend(GraphBackend):
 
     def _capture(self, fn: Callable[[], Any], name: str, input_addresses: dict[str, InputAddress]) -> CudaGraph:
         graph = torch.cuda.CUDAGraph()
+        outside = Outside(name) if self.watch_memory else None
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=self._pools[-1], stream=self._capture_stream):
-                output = fn()
+                with Watcher(outside) if outside is not None else nullcontext():
+                    output = fn()
         except RuntimeError as error:
             self._recover_from_failed_capture(graph)
             # CUDA reports a sync or an unsafe call during capture as a generic RuntimeError
@@ -72,7 +85,7 @@ class CudaGraphBackend(GraphBackend):
                 f"during graph capture, and the callable must have been warmed up eagerly first. "
                 f"CUDA said: {first_error}"
             ) from error
-        return CudaGraph(self, name, output, input_addresses, graph)
+        return CudaGraph(self, name, output, input_addresses, graph, outside)
 
     def _recover_from_failed_capture(self, graph: torch.cuda.CUDAGraph) -> None:
         # A capture that fails leaves the allocator recording into its pool (torch ends the

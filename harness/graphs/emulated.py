@@ -9,8 +9,8 @@ in CI without a GPU and its capture bugs show there:
     g.replay()                                               # static_out now holds the result
 
 Capture runs the code once while recording every aten op it dispatches. Replay re-runs the
-recorded ops in order on the SAME tensor objects and copies each fresh result into the tensor
-recorded at capture, so static buffers, intermediates and outputs keep their addresses. As with
+recorded ops in order on the SAME memory (aliases of the program's tensors) and copies each fresh
+result into the tensor recorded at capture, so static buffers, intermediates and outputs keep their addresses. As with
 a real graph, Python control flow and Python scalars are frozen at capture, a replaced input
 buffer is never read, and metadata not copied into its buffer is stale.
 
@@ -18,6 +18,9 @@ What a capture allocates lives in a memory pool, the graph's own or one it share
 graphs (`pool=`), and a block the program drops is reused by later allocations of that pool, as
 CUDA's caching allocator does (harness.graphs.pool): graphs sharing a pool replayed out of capture
 order overwrite each other's outputs as on a GPU.
+
+Memory the capture did not allocate stays the program's, as on CUDA: a replay after the program
+freed or moved it raises FreedMemoryError naming the tensor and the capture (harness.graphs.held).
 
 A CUDA capture records kernels without running them, so when the capture ends the emulator
 undoes what running them did: tensors that existed before the capture get back the data they
@@ -41,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import modes
 from . import pool as pools
+from .held import Outside
 from .base import CapturedGraph, CaptureError, GraphBackend, InputAddress
 from .log import LOG
 
@@ -199,8 +203,9 @@ class _RecordingMode(modes.HarnessMode):
         self.fresh: list[torch.Tensor] = []  # what the capture allocated, as recorded (for undo)
         self.allocated: set[int] = set()  # storages this capture allocated, by data_ptr
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}  # data_ptr -> (storage, before)
-        # id of a tensor the program passed -> (weakref to it, its alias; None: not in pool memory)
-        self._aliases: dict[int, tuple[Any, torch.Tensor | None]] = {}
+        # id of a tensor the program passed -> (weakref to it, the alias recorded in its place)
+        self._aliases: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.outside = Outside(graph_name)  # memory the graph uses that the program owns (held.py)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -227,7 +232,7 @@ class _RecordingMode(modes.HarnessMode):
         with torch._C._DisableTorchDispatch():
             self._place(fresh)
             self._watch(outputs, fresh)
-            fresh = [(index, self._recorded(tensor)) for index, tensor in fresh]
+            fresh = [(index, self._recorded(func, tensor)) for index, tensor in fresh]
             self.fresh += [tensor for _, tensor in fresh]
             if op.replayed and (fresh or op.mutable):
                 self.steps.append(self._step(func, args, kwargs, output, fresh))
@@ -239,11 +244,12 @@ class _RecordingMode(modes.HarnessMode):
         copy_into is the recorded output tensor (single-output op), a tuple of (leaf index, recorded
         tensor) (multi-output op), or None when every output aliases an input (in-place, out=).
         """
-        args, kwargs = _map_leaves(args, self._recorded), _map_leaves(kwargs, self._recorded) if kwargs else {}
+        recorded = functools.partial(self._recorded, func)
+        args, kwargs = _map_leaves(args, recorded), _map_leaves(kwargs, recorded) if kwargs else {}
         if not fresh:
             return func, args, kwargs, None
         if isinstance(output, torch.Tensor):
-            return func, args, kwargs, self._recorded(output)
+            return func, args, kwargs, self._recorded(func, output)
         return func, args, kwargs, tuple(fresh)
 
     def _place(self, fresh) -> None:
@@ -273,17 +279,22 @@ class _RecordingMode(modes.HarnessMode):
             if isinstance(leaf, torch.Tensor) and id(leaf) not in placed and (block := pools.block_of(leaf)) is not None:
                 block.use(leaf)
 
-    def _recorded(self, leaf):
-        """What the op is recorded over: an alias for the program's tensors in pool memory (held by
-        the graph without keeping the program's object alive), anything else as it is."""
+    def _recorded(self, func, leaf):
+        """What an op (`func`) is recorded over: an alias of each of the program's tensors, which
+        refers to its memory without keeping the program's object alive. Memory outside the pools
+        is the program's to free, as on CUDA: the graph watches it (held.py) rather than owns it."""
         if not isinstance(leaf, torch.Tensor):
             return leaf
         known = self._aliases.get(id(leaf))
         if known is None or known[0]() is not leaf:
             block = pools.block_of(leaf)
-            recorded = pools.alias(leaf, block) if block is not None else None
+            if block is not None:
+                recorded = pools.alias(leaf, block)
+            else:
+                recorded = leaf.detach()
+                self.outside.note(leaf, func)
             known = self._aliases[id(leaf)] = (weakref.ref(leaf), recorded)
-        return leaf if known[1] is None else known[1]
+        return known[1]
 
     def undo(self) -> None:
         """Leave memory as a CUDA capture, which runs nothing, would: storages that existed
@@ -328,6 +339,7 @@ class CUDAGraph:
         self.num_ops = 0
         self.held_bytes = 0  # bytes of pool memory this graph's capture added
         self._steps: list[tuple] | None = None
+        self._outside: Outside | None = None  # the program's memory it uses, checked before each replay
         self._modes: tuple | None = None
         self._pool: pools.Pool | None = None  # kept while the graph lives, as CUDA keeps its pool
 
@@ -352,12 +364,14 @@ class CUDAGraph:
         if failed:
             return
         self._steps, self.num_ops, self.held_bytes = recorder.steps, len(recorder.steps), recorder.new_bytes
+        self._outside = recorder.outside
         LOG.captures += 1
         LOG.held_bytes += self.held_bytes
 
     def replay(self) -> None:
         if self._steps is None:
             raise RuntimeError(f"graph {self.name!r}: replay() before a capture")
+        self._outside.check()  # FreedMemoryError where the program freed memory the graph uses
         # Replay never builds autograd state, whatever mode the caller is in. It is one opaque
         # submission, as a CUDA graph is to a profiler: dispatch modes outside (an op counter,
         # say) do not see the ops inside; the graph log counts them instead.
@@ -376,7 +390,7 @@ class CUDAGraph:
         LOG.ops_in_replays += self.num_ops
 
     def reset(self) -> None:
-        self._steps, self.num_ops, self.held_bytes = None, 0, 0
+        self._steps, self._outside, self.num_ops, self.held_bytes = None, None, 0, 0
 
     def pool(self) -> tuple[int, int]:
         """The handle of this graph's memory pool, to capture another graph into it (pool=)."""

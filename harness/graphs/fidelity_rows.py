@@ -326,3 +326,55 @@ def private_pools_out_of_order(cg, device):
     return out_b, second()
 
 
+
+
+_FREED = ("a CUDA graph keeps the addresses it captured, not the tensors: memory the program frees after the capture "
+          "goes back to the caching allocator, the next allocation of its size gets it, and a replay reads what "
+          "that tensor holds (TensorRT-LLM's shared attention workspace, reallocated after earlier graphs captured it)")
+_RAISES = ("the emulator cannot hand host memory on: it keeps the memory and raises FreedMemoryError at the replay, "
+           "naming the tensor and the capture")
+
+
+def _scaled_by_a_table(cg, device, change):
+    """A graph reads a table the program owns (x * table); after the capture `change` frees the table's
+    memory (and returns what the step reads now), and a tensor of the same size, allocated next, fills it."""
+    x, owner = _data(0, device), {"table": torch.full((4,), 3.0, device=device)}
+    graph, out = _capture(cg, lambda: x * owner["table"])
+    address = owner["table"].data_ptr()
+    change(owner)
+    for _ in range(256):  # allocate until a new tensor gets the freed memory (the allocator's choice)
+        HELD.append(torch.full((4,), -1.0, device=device))
+        if HELD[-1].data_ptr() == address:
+            break
+    x.copy_(_data(1, device))
+    graph.replay()
+    return out, x * owner["table"][:4]
+
+
+def _grow(owner):
+    owner["table"] = torch.cat([owner["table"], torch.full((4,), 3.0, device=owner["table"].device)])
+
+
+@row(WRONG, _FREED, emulator=ERROR, differs=_RAISES)
+def freed_after_capture(cg, device):
+    return _scaled_by_a_table(cg, device, _grow)  # a bigger table replaces it: the old one is freed
+
+
+@row(WRONG, "resizing a tensor in place past its storage reallocates it and frees the old memory, whose address the "
+     "graph kept: " + _FREED.split(": ")[1], emulator=ERROR, differs=_RAISES)
+def resized_after_capture(cg, device):
+    def resize(owner):
+        owner["table"].resize_(64 * 1024)  # past what its block holds: new memory; the old is freed
+        owner["table"][4:] = 3.0
+    return _scaled_by_a_table(cg, device, resize)
+
+
+@row(RIGHT, "memory is freed only when the program holds no tensor of it: a view it kept holds the table alive "
+     "at its address, so no later allocation takes it")
+def freed_tensor_view_kept(cg, device):
+    kept = []
+
+    def keep_a_view(owner):
+        kept.append(owner["table"][1:])  # a view of the table's memory
+        owner["table"] = owner["table"].clone()  # the name now holds a copy; the view keeps the old memory
+    return _scaled_by_a_table(cg, device, keep_a_view)

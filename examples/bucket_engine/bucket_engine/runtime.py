@@ -19,6 +19,7 @@ class BucketRuntime:
     engine_class = BucketEngine
     capabilities = Capabilities(
         capture_sizes=True, dispatch=True, mode_resolution=True, speculative=True, execution=True, speculative_steps=True,
+        rejected_drafts=True,
         graph_backends=("emulated", "cuda"), attention_backends=(ATTENTION,), padding_fills=PADDING_FILLS,
         loads_checkpoint=True, kv_inspection=True, input_inspection=True, address_checks=True,
         notes="powers-of-two buckets keyed by padded token count, FULL graphs only (no PIECEWISE); "
