@@ -31,12 +31,15 @@ DECLARED = "the protocol: a step refused for lack of KV blocks raises KVCacheFul
 def fill(check, engines, engine, block_size: int, decoders: int, held_before: int | None = None) -> full_cache.Filled:
     """Every block taken; the refusal that ended the fill checked, and kv_tokens held (after a
     serving run, `held_before`: as many blocks as the first fill took)."""
-    policy = engine.policy
     most = 4 * -(-engines.kv_tokens // block_size) + decoders
-    filled = full_cache.fill(engine, engines.new_id, block_size, policy.max_num_batched_tokens, policy.max_num_seqs,
-                             decoders, most)
+    filled = full_cache.fill(engine, engines.new_id, block_size, engine.policy.max_num_batched_tokens,
+                             engines.max_model_len, decoders, most)
     if filled.refusal is None:
+        full_cache.release(engine, filled)
         check.skip(f"holds more than {most} blocks of {block_size} tokens, four times kv_tokens: not filled here")
+    if isinstance(filled.refusal, ValueError):  # a step it could never serve: more live requests than it seats
+        full_cache.release(engine, filled)
+        check.skip(f"cannot fill its KV cache with the requests it serves at once: {describe_exception(filled.refusal)}")
     if held_before is not None:
         check.equal(filled.blocks, held_before, source="the blocks the same engine held before the serving run",
                     what="blocks that fit again after padded steps on a full cache, every request released")

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from harness.protocol import KVCacheFull
 from reference_runtime.engine.buffers import StaticBuffers
-from reference_runtime.engine.plan import NONE, Planner
+from reference_runtime.engine.plan import FULL, NONE, Planner
 from reference_runtime.engine.attention import BACKENDS
 from tests.broken_engines import _CapturesInService, _WindowFrozenAtCapture, mutant, with_seams
 
@@ -49,6 +49,20 @@ class SeqLensBeforeTheStepStager(StaticBuffers):
         before = [length - (end - start) for length, start, end in
                   zip(plan.seq_lens[:real], plan.query_start_loc[:real], plan.query_start_loc[1:real + 1])]
         return super().stage(replace(plan, seq_lens=before + plan.seq_lens[real:]))
+
+
+class QueryStartsCountTheContextStager(StaticBuffers):
+    """FULL graph steps stage each row's cumulative context length as its query start (the key
+    offsets, cu_seqlens_k, where the query offsets belong). Non-decreasing and the same every time;
+    no kernel a FULL graph of the reference holds reads them, so every output stays right."""
+
+    def stage(self, plan):
+        if plan.mode is not FULL:
+            return super().stage(plan)
+        starts = [0]
+        for length in plan.seq_lens:
+            starts.append(starts[-1] + length)
+        return super().stage(replace(plan, query_start_loc=starts))
 
 
 class QueryStartsPaddedWithMinusOneStager(StaticBuffers):
@@ -151,6 +165,9 @@ StaleRequestLengths = mutant("stale-request-lengths", "StaleRequestLengths", wit
                              StaleRequestLengthsStager.__doc__)
 SeqLensBeforeTheStep = mutant("seq-lens-before-the-step", "SeqLensBeforeTheStep",
                               with_seams(stager=SeqLensBeforeTheStepStager), SeqLensBeforeTheStepStager.__doc__)
+QueryStartsCountTheContext = mutant("query-starts-count-the-context", "QueryStartsCountTheContext",
+                                    with_seams(stager=QueryStartsCountTheContextStager),
+                                    QueryStartsCountTheContextStager.__doc__)
 QueryStartsPaddedWithMinusOne = mutant("query-starts-padded-with-minus-one", "QueryStartsPaddedWithMinusOne",
                                        with_seams(stager=QueryStartsPaddedWithMinusOneStager),
                                        QueryStartsPaddedWithMinusOneStager.__doc__)
@@ -167,7 +184,8 @@ RefusesWithAnyError = mutant("refuses-with-any-error", "RefusesWithAnyError",
 LazyKeyMissesTheContext = mutant("lazy-key-misses-the-context", "LazyKeyMissesTheContext", _LazyKeyMissesTheContext,
                                  lazy_capture=True)
 
-MUTANTS = [StaleRequestRows, StaleRequestLengths, SeqLensBeforeTheStep, QueryStartsPaddedWithMinusOne, LazyPaddingDummy,
+MUTANTS = [StaleRequestRows, StaleRequestLengths, SeqLensBeforeTheStep, QueryStartsCountTheContext,
+           QueryStartsPaddedWithMinusOne, LazyPaddingDummy,
            PadWritesABorrowedBlock, DummyFreesABorrowedBlock, RefusesWithAnyError, LazyKeyMissesTheContext]
 for _runtime in MUTANTS:
     _runtime.__module__ = __name__  # found here when a data-parallel rank unpickles it

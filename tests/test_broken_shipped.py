@@ -18,6 +18,7 @@ MUST_CATCH = {
     "StaleRequestRows": ([ROWS], "declared padding_block"),
     "StaleRequestLengths": ([ROWS], "stale rows from an earlier step"),
     "SeqLensBeforeTheStep": ([STAGED], "sequence lengths (context after the step)"),
+    "QueryStartsCountTheContext": ([ROWS], "the real rows' query start offsets"),
     "QueryStartsPaddedWithMinusOne": ([ROWS], "non-decreasing"),
     "LazyPaddingDummy": ([FULL_CACHE], "own dispatch()"),
     "PadWritesABorrowedBlock": ([FULL_CACHE], "wrote slots its real tokens do not own"),
@@ -57,3 +58,14 @@ def test_a_graph_that_reads_the_old_memory_is_blamed_on_the_move(pytester):
     text = failure_text(run_suites(pytester, "tests.broken_engines:LazyChecksTheFirstReplayOnly",
                                    [MOVED.format(name=moved.name)]))
     assert "the step neither failed nor computed the right answer" in text and "not the move of" not in text, text[-2000:]
+
+
+def test_a_cache_smaller_than_kv_tokens_is_caught_when_filled(pytester):
+    """The fill holds the engine to the kv_tokens it was built with: capture that keeps blocks for
+    itself (tests/broken_engines.py) leaves fewer, and the full-cache suite says how many."""
+    from tests import broken_engines
+
+    name = broken_engines.CaptureConsumesKVCapacity.name
+    text = failure_text(run_suites(pytester, "tests.broken_engines:CaptureConsumesKVCapacity",
+                                   [FULL_CACHE.format(name=name)]))
+    assert "fewer than the 1024 it was built to hold" in text, text[-2000:]
