@@ -208,12 +208,24 @@ class StepResult:
 
 @dataclass
 class StepInputs:
-    """The static inputs of the last step at its padded size: real rows first, then padded rows."""
+    """The static inputs of the last step at its padded size: real rows first, then padded rows.
+
+    Token rows come first; then, since 0.4.0, the request rows a graph reads (one per request in
+    request order, then the rows that pad the batch), each None where the runtime does not expose
+    it, with the reason in `not_exposed`."""
 
     token_ids: Any  # [padded_num_tokens] integer tensor
     positions: Any  # [padded_num_tokens]
     slot_mapping: Any  # [padded_num_tokens]; padded rows hold `padding_slot`
     padding_slot: int = -1  # the slot id that writes nothing
+    # Request rows: real rows first, then padded rows (as many as the step staged).
+    seq_lens: Any = None  # [num_padded_rows] each row's context after the step
+    query_start_loc: Any = None  # [num_padded_rows + 1] where each row's tokens start, non-decreasing
+    block_tables: Any = None  # [num_padded_rows, blocks per row] each row's KV blocks
+    block_size: int | None = None  # tokens a KV block holds (slot = block * block_size + offset)
+    # The block padded rows' tables hold, which no request owns; None: padded rows read no block (length 0).
+    padding_block: int | None = None
+    not_exposed: Mapping[str, str] = field(default_factory=dict)  # a request-row field left None -> why
 
 
 @dataclass
@@ -246,6 +258,12 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class KVCacheFull(RuntimeError):
+    """Raised by `Engine.step()` when a step needs KV blocks the cache no longer has: the step ran
+    nothing and changed nothing, and the engine serves on once blocks are released. The one way to
+    refuse a step for lack of blocks (never a silent eager run, never another request's block). Since 0.4.0."""
+
+
 class UnsupportedCheckpoint(RuntimeError):
     """Raised by `Runtime.build()` when the engine cannot load `EngineConfig.checkpoint`: the message
     names what it lacks ("llama3 RoPE", "gelu_pytorch_tanh", "attention biases"). The session then
@@ -256,7 +274,7 @@ class UnsupportedCheckpoint(RuntimeError):
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "CONFIG_MODES", "RUNTIME_MODES", "SUPPORT_LEVELS", "VALUES",
-    "CaptureReport", "Capabilities", "Descriptor", "Dispatch", "Engine", "EngineConfig", "PolicyConfig",
+    "CaptureReport", "Capabilities", "Descriptor", "Dispatch", "Engine", "EngineConfig", "KVCacheFull", "PolicyConfig",
     "RankBatch", "Request", "Resolution", "ResolveRequest", "Runtime", "RuntimeUnavailable", "StepInputs",
     "StepResult", "UnsupportedCheckpoint",
 ]

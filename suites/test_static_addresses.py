@@ -9,6 +9,7 @@ import pytest
 
 from harness.scenarios.batches import advance, decode_requests, describe_batch, mixed_requests, prefill, prefill_within
 from harness.graphs import FreedMemoryError
+from harness.expectations.equality import first_mismatch
 from harness.reliability.safe import describe_exception
 from harness.vocabulary import EAGER, OBSERVED
 
@@ -47,20 +48,15 @@ def test_a_moved_input_fails_loudly_or_is_not_read(check, engines, batch):
     FULL graphs, one per size, hold every input a step reads: a fresh engine per buffer is cheap.
     A runtime that declares lazy_capture records its graph in service, and that recording is its
     first replay: it serves the batch's shape twice on other inputs first, and the graph it
-    recorded must then not compute on the old memory either (graph trees copy their inputs in)."""
+    recorded must then not compute on the old memory either (graph trees copy their inputs in).
+    A step that differs from eager has two candidate causes: the steps it served are run again,
+    without the move, on a fresh engine, and the move is blamed only where that one is right."""
     lazy = engines.runtime.capabilities.lazy_capture
     names = sorted(engines.for_mode("FULL").static_buffer_addresses())
     raised, replayed = [], []
     for name in names:
         engine = engines.for_mode("FULL", fresh=True)
-        seqs = prefill(engine, [engines.new_id() for _ in range(4)], [3, 5, 2, 9])
-        for _ in range(2 if lazy else 0):  # recorded after a warm-up at most, on inputs of its own
-            earlier = _batch(engines, seqs, batch)
-            engine.step(earlier)
-            advance(seqs, earlier)
-            if batch == "mixed":
-                engine.release(earlier[-1].request_id)
-        requests = _batch(engines, seqs, batch)
+        served, requests = _serve_before_the_move(engines, engine, batch, lazy)
         engine.swap_static_buffer(name)
         try:
             out = engine.step(requests)
@@ -79,16 +75,62 @@ def test_a_moved_input_fails_loudly_or_is_not_read(check, engines, batch):
             continue
         if out.runtime_mode != "NONE":
             replayed.append(name)
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
-                        case=f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
+        case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+        eager = engine.eager_step(requests, out.padded_num_tokens)
+        if first_mismatch(out.logits, eager.logits) is None:
+            continue
+        # Two candidate causes: the moved buffer, or a step that is wrong without any move (a graph
+        # keyed or recorded for another batch). The same history on an engine whose buffers never
+        # moved tells them apart before one is named.
+        unmoved = engines.for_mode("FULL", fresh=True)
+        for call, argument in served.calls:
+            getattr(unmoved, call)(argument)
+        plain = unmoved.step(requests)
+        check.same_bits(plain.logits, unmoved.eager_step(requests, plain.padded_num_tokens).logits, source=EAGER,
+                        case=f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.padded_num_tokens}",
+                        what=f"the step differs from eager without any move too (on an engine that served the "
+                             f"same steps, whose buffers the harness never moved): the cause is not the move of "
+                             f"{name!r}; the graph this step replays was recorded or keyed for another batch, or "
+                             "read the memory it was captured with where the engine itself moved an input")
+        check.same_bits(out.logits, eager.logits, source=EAGER, case=case,
                         what=f"after moving static buffer {name!r} the step neither failed nor computed the right "
-                             "answer: the graph read the memory it was captured with")
+                             "answer: the graph read the memory it was captured with (without the move, the same "
+                             "step on an engine that served the same steps equals eager)")
     if not raised and not replayed:  # its own dispatch sends these batches to eager (FULL_DECODE_ONLY, say)
         check.skip(f"every {batch} step ran eager under {engine.resolution.resolved}: no replay to move an input under")
     if lazy:  # a graph that copies its inputs in reads no moved buffer: right answers are all it owes
         return
     check.that(bool(raised), what=f"moving any static buffer went unnoticed by every {batch} replay",
                source=OBSERVED, buffers=names)
+
+
+class _Served:
+    """An engine whose steps and releases are noted, to serve them again on another engine."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def step(self, requests):
+        self.calls.append(("step", list(requests)))
+        return self.engine.step(requests)
+
+    def release(self, request_id):
+        self.calls.append(("release", request_id))
+        self.engine.release(request_id)
+
+
+def _serve_before_the_move(engines, engine, batch, lazy):
+    """Prefill, and under lazy_capture the batch's shape twice on inputs of its own (its graph is
+    recorded then, at most after a warm-up); (what was served, the batch the move comes before)."""
+    served = _Served(engine)
+    seqs = prefill(served, [engines.new_id() for _ in range(4)], [3, 5, 2, 9])
+    for _ in range(2 if lazy else 0):
+        earlier = _batch(engines, seqs, batch)
+        served.step(earlier)
+        advance(seqs, earlier)
+        if batch == "mixed":
+            served.release(earlier[-1].request_id)
+    return served, _batch(engines, seqs, batch)
 
 
 def _batch(engines, seqs, batch):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.protocol import KVCacheFull
+
 
 @dataclass
 class Live:
@@ -40,7 +42,8 @@ class BlockBook:
 
     def plan(self, requests) -> list:
         """Check a step's requests and give each the blocks its tokens need. Raises ValueError for
-        a step the engine's scheduler could never produce, RuntimeError when the KV cache is full."""
+        a step the engine's scheduler could never produce, KVCacheFull (a RuntimeError) when the KV
+        cache is full."""
         if not requests:
             raise ValueError("a step needs at least one request")
         ids = [r.request_id for r in requests]
@@ -87,7 +90,7 @@ class BlockBook:
             created.append(request.request_id)
         need = -(-end // self.block_size) - len(live.blocks)
         if need > len(self.free):
-            raise RuntimeError(f"the KV cache is full: request {request.request_id} needs {need} more blocks of "
+            raise KVCacheFull(f"the KV cache is full: request {request.request_id} needs {need} more blocks of "
                                f"{self.block_size} tokens and {len(self.free)} are free")
         if need > 0:
             live.blocks += [self.free.pop() for _ in range(need)]

@@ -217,6 +217,30 @@ def step_inputs(value, padded_num_tokens: int) -> str | None:
             return f"returned {name} of dtype {tensor.dtype}; expected an integer tensor (ids, positions, slots)"
     if not _is_int(getattr(value, "padding_slot", None)):
         return "returned a padding_slot that is not an int"
+    return request_rows(value)
+
+
+def request_rows(value) -> str | None:
+    """The request rows of a StepInputs, where exposed: integer tensors of one row count (query
+    starts one more), block tables 2-D; block_size and padding_block ints or None."""
+    import torch
+
+    rows = None
+    for name, dims, extra in (("seq_lens", 1, 0), ("query_start_loc", 1, 1), ("block_tables", 2, 0)):
+        tensor = getattr(value, name, None)
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != dims or tensor.is_floating_point() \
+                or tensor.is_complex() or tensor.dtype == torch.bool:
+            return f"returned {name}={safe_repr(tensor)}; expected a {dims}-D integer tensor, or None where not exposed"
+        count = tensor.shape[0] - extra
+        if rows is not None and count != rows:
+            return (f"returned {name} for {count} request rows where another request-row field has {rows}: "
+                    "every field holds the same rows (query_start_loc one entry more)")
+        rows = count
+    for name in ("block_size", "padding_block"):
+        if getattr(value, name, None) is not None and not _is_int(getattr(value, name)):
+            return f"returned a {name} that is neither an int nor None"
     return None
 
 

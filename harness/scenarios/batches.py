@@ -153,3 +153,15 @@ def reaching_the_end(engine, first_id: int, length: int, budget: int, q: int = 1
         advance(list(seqs.values()), requests)
     for i in (short, decoding, joining):
         engine.release(i)
+
+
+def padded_counts(runtime, policy, most: int, limit: int = 4) -> list[int]:
+    """Token counts up to `most` that the runtime's own policy (`padded_size()`) pads, up to `limit`
+    of them spread from the smallest to the largest; every count where it declares no sizes."""
+    if runtime.capabilities.capture_sizes:
+        counts = [n for n in range(1, most + 1) if (runtime.padded_size(policy, n) or n) > n]
+    else:
+        counts = list(range(1, most + 1))
+    if len(counts) <= limit:
+        return counts
+    return [counts[round(i * (len(counts) - 1) / (limit - 1))] for i in range(limit)]

@@ -199,6 +199,11 @@ class StaticBuffers:
         return {"token_ids": self.input_ids[:num_tokens].clone(), "positions": self.positions[:num_tokens].clone(),
                 "slot_mapping": self.slot_mapping[:num_tokens].clone()}
 
+    def request_rows(self, num_rows: int) -> dict[str, torch.Tensor]:
+        """Copies of the sequence lengths, query starts and block tables of the first num_rows request rows."""
+        return {"seq_lens": self.seq_lens[:num_rows].clone(), "query_start_loc": self.query_start_loc[:num_rows + 1].clone(),
+                "block_tables": self.block_tables[:num_rows].clone()}
+
     def swap(self, name: str) -> None:
         """Put a copy of one input at another address (same values): what a graph must notice."""
         if name not in NAMES:

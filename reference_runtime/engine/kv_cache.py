@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import torch
 
+from harness.protocol import KVCacheFull
+
 NULL_BLOCK = 0
 
 
@@ -91,7 +93,7 @@ class BlockAllocator:
         needed = -(-num_tokens // self.block_size) - len(table)
         if needed > 0:
             if needed > len(self.free):
-                raise RuntimeError(
+                raise KVCacheFull(
                     f"KV cache is full: request {request_id} needs {needed} more blocks, {len(self.free)} are free; "
                     "raise num_blocks or lower max_num_seqs"
                 )

@@ -35,7 +35,7 @@ from .attention import BACKENDS, make_backends
 from .buffers import NAMES, StaticBuffers
 from .data_parallel import DataParallel
 from .inspection import POISONS, fill_padding
-from .kv_cache import BlockAllocator, KVCache
+from .kv_cache import NULL_BLOCK, BlockAllocator, KVCache
 from .model import Decoder
 from .plan import FULL, PIECEWISE, Planner, StepPlan
 
@@ -259,9 +259,12 @@ class ModelRunner:
         return self.planner.allocator.slot(request_id, position)
 
     def last_step_inputs(self) -> StepInputs:
-        """The last step's token ids, positions and slots at its padded size."""
-        return StepInputs(**self.stager.inputs(self.last_plan.num_padded_tokens if self.last_plan else 0),
-                          padding_slot=-1)
+        """The last step's token ids, positions and slots at its padded size, and the request rows
+        it staged (padded rows: the null block)."""
+        plan = self.last_plan
+        tokens, rows = (plan.num_padded_tokens, plan.staged_rows) if plan else (0, 0)
+        return StepInputs(**self.stager.inputs(tokens), padding_slot=-1, **self.stager.request_rows(rows),
+                          block_size=self.config.block_size, padding_block=NULL_BLOCK)
 
     def swap_static_buffer(self, name: str) -> None:
         """A copy of one graph input at another address, same values."""

@@ -323,7 +323,8 @@ class LmdeployEngine(ScheduledEngine):
             raise RuntimeError("no step has run yet")
         seen = from_record(self.last)
         slots = torch.tensor(seen.slot_mapping(self.block_size), device=seen.token_ids.device)
-        return p.StepInputs(seen.token_ids.clone(), seen.positions.clone(), slots, PADDING_SLOT)
+        return p.StepInputs(seen.token_ids.clone(), seen.positions.clone(), slots, PADDING_SLOT,
+                            **seen.request_rows(self.block_size))
 
     def describe(self) -> dict:
         """LMDeploy's own live state for this engine (for logs)."""

@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .requests import slot_number
+from .settings import RESERVED_BLOCKS
+
+# LMDeploy's kernels take query offsets from cu_seqlens, which it builds from q_seqlens per version
+# (its q_start_loc buffer holds 0 in padded rows, and is not what they read): not exposed until
+# checked against a run on a GPU.
+QUERY_STARTS_NOT_EXPOSED = ("LMDeploy's kernels read cu_seqlens, built per version from q_seqlens; its q_start_loc "
+                            "buffer is not their offsets: not exposed until checked on a GPU")
 
 
 @dataclass
@@ -26,6 +33,18 @@ class Seen:
             for position in range(kv - q, kv):
                 slots.append(slot_number(blocks[position // block_size], position % block_size, block_size))
         return slots
+
+
+    def request_rows(self, block_size: int) -> dict:
+        """The request rows as StepInputs carries them: lengths (kv_len) and block tables numbered as
+        slot_of() and kv_snapshot() number them (LMDeploy's block minus the reserved ones, so the
+        reserved block padded rows read is -1, the padding_block)."""
+        import torch
+
+        tables = torch.tensor(self.block_offsets, dtype=torch.long).reshape(len(self.kv_len), -1) - RESERVED_BLOCKS
+        return {"seq_lens": torch.tensor(self.kv_len, dtype=torch.long), "block_tables": tables,
+                "block_size": block_size, "padding_block": -1,
+                "not_exposed": {"query_start_loc": QUERY_STARTS_NOT_EXPOSED}}
 
 
 def from_graph(graph_meta) -> Seen:

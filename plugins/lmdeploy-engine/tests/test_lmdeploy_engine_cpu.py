@@ -171,6 +171,9 @@ def test_after_capture_a_decode_step_replays_the_padded_graph_and_its_inputs_are
     seen = from_graph(record.graph_inputs[0])
     assert seen.token_ids[:3].tolist() == [1, 2, 3] and seen.positions[:3].tolist() == [3, 5, 2]
     assert seen.slot_mapping(BLOCK) == [3, 16 + 5, 32 + 2, PADDING_SLOT]  # the padded row writes LMDeploy's sink
+    rows = seen.request_rows(BLOCK)  # numbered as slot_of(): LMDeploy's blocks less the reserved one
+    assert rows["seq_lens"].tolist() == [4, 6, 3, 1] and rows["padding_block"] == -1
+    assert rows["block_tables"][:, 0].tolist() == [0, 1, 2, -1] and "query_start_loc" in rows["not_exposed"]
     assert observer.captures_in_service == 0
 
 

@@ -40,6 +40,7 @@ class EngineError(RuntimeError):
 
 class VllmEngine(ScheduledEngine):
     engine_name = "vLLM"
+    PADDING_BLOCK = None  # what padded request rows' block tables hold (StepInputs.padding_block)
     own_errors = (EngineError,)
     events = settings.EVENTS
 
@@ -316,7 +317,13 @@ class VllmEngine(ScheduledEngine):
 
         if self.last is None:
             raise RuntimeError("no step has run yet")
-        return p.StepInputs(self.last.token_ids, self.last.positions, self.last.slot_mapping, PAD_SLOT_ID)
+        last = self.last
+        # Padded request rows: vLLM zeroes their lengths and pads query starts with the token count;
+        # V2's block-table rows there are whatever gather_block_tables left (PADDING_BLOCK None:
+        # they must read nothing), V1 fills them with the null block.
+        return p.StepInputs(last.token_ids, last.positions, last.slot_mapping, PAD_SLOT_ID, seq_lens=last.seq_lens,
+                            query_start_loc=last.query_start_loc, block_tables=last.block_tables,
+                            block_size=self.kernel_block_size, padding_block=self.PADDING_BLOCK)
 
     def describe(self) -> dict:
         """What vLLM itself reports about this engine (for logs)."""

@@ -9,7 +9,8 @@ Three instance attributes of the V2 model runner are wrapped (each calls straigh
   model_runner.py, execute_model); an eager forward calls neither.
 - `prepare_attn`: called right after `prepare_inputs` has filled the static input buffers and
   before the forward; here the padded rows can be filled on request and the inputs (token ids,
-  positions, the slot mapping vLLM computed) are copied for inspection.
+  positions, the slot mapping vLLM computed, and the request rows: `input_buffers.seq_lens`,
+  `query_start_loc` and the block tables prepare_attn gathered) are copied for inspection.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class StepRecord:
     token_ids: object | None = None  # [padded] copies of the static inputs as the forward saw them
     positions: object | None = None
     slot_mapping: object | None = None
+    seq_lens: object | None = None  # [padded request rows], likewise
+    query_start_loc: object | None = None
+    block_tables: object | None = None  # the first KV cache group's
 
 
 class StepObserver:
@@ -56,7 +60,7 @@ class StepObserver:
 
         def prepare_attn(input_batch):
             result = real_prepare_attn(input_batch)
-            self._inputs(input_batch, result[1])
+            self._inputs(input_batch, result[1], result[0])
             return result
 
         manager.dispatch, manager.run_fullgraph, manager.run_pw_graph = dispatch, run_fullgraph, run_pw_graph
@@ -78,7 +82,7 @@ class StepObserver:
         num_reqs = desc.num_reqs if desc.cg_mode != eager and desc.num_tokens == size else None
         return dataclasses.replace(desc, cg_mode=eager, num_tokens=size, num_reqs=num_reqs, uniform_token_count=None)
 
-    def _inputs(self, input_batch, slot_mappings) -> None:
+    def _inputs(self, input_batch, slot_mappings, block_tables) -> None:
         import torch
 
         real, padded = input_batch.num_tokens, input_batch.num_tokens_after_padding
@@ -98,3 +102,7 @@ class StepObserver:
         self.record.token_ids = buffers.input_ids[:padded].clone()
         self.record.positions = buffers.positions[:padded].clone()
         self.record.slot_mapping = slot_mappings[0][:padded].clone()
+        rows = input_batch.num_reqs_after_padding
+        self.record.seq_lens = buffers.seq_lens[:rows].clone()
+        self.record.query_start_loc = buffers.query_start_loc[:rows + 1].clone()
+        self.record.block_tables = block_tables[0][:rows].clone()

@@ -33,6 +33,7 @@ def verify_split(all_tokens, context_len: int, num_new: int, num_speculative_tok
 
 
 class VllmV1Engine(VllmEngine):
+    PADDING_BLOCK = 0  # vLLM's NULL_BLOCK_ID: _build_attention_metadata fills padded rows with it
     def _build(self) -> None:
         import torch
         from vllm.config import set_current_vllm_config

@@ -9,8 +9,10 @@ calls straight through):
 - `_model_forward`: called inside `set_forward_context`, so the forward context holds the runtime
   mode and BatchDescriptor the forward runs with (the CUDAGraphWrappers read the same fields to
   decide whether to replay). The padded rows can be filled here on request, and the inputs
-  (token ids, positions, the slot mapping vLLM computed) are copied for inspection; the length of
-  the input_ids the forward is given is a second reading of the padded size.
+  (token ids, positions, the slot mapping vLLM computed, and the request rows: the runner's
+  `seq_lens`, `query_start_loc` and the first KV group's `input_batch.block_table`, at the
+  descriptor's padded request count) are copied for inspection; the length of the input_ids the
+  forward is given is a second reading of the padded size.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class V1StepRecord:
     token_ids: object | None = None
     positions: object | None = None
     slot_mapping: object | None = None
+    seq_lens: object | None = None  # [padded request rows], likewise
+    query_start_loc: object | None = None
+    block_tables: object | None = None
 
 
 def first_slot_mapping(slot_mapping):
@@ -113,3 +118,16 @@ class V1StepObserver:
         record.positions = None if positions is None else positions[:padded].clone()
         slots = first_slot_mapping(getattr(context, "slot_mapping", None))
         record.slot_mapping = None if slots is None else slots[:padded].clone()
+        self._request_rows(record)
+
+    def _request_rows(self, record) -> None:
+        """The request rows the forward reads, at the descriptor's padded count (PIECEWISE keys have
+        none: the batch's own); left None on a runner without them (the CPU tests' stand-ins)."""
+        runner = self.runner
+        batch = getattr(runner, "input_batch", None)
+        if batch is None or not hasattr(runner, "seq_lens"):
+            return
+        rows = getattr(record.ran, "num_reqs", None) or batch.num_reqs
+        record.seq_lens = runner.seq_lens[:rows].clone()
+        record.query_start_loc = runner.query_start_loc.gpu[:rows + 1].clone()
+        record.block_tables = batch.block_table[0].get_device_tensor(rows)[:rows].clone()

@@ -85,16 +85,20 @@ class StandInRunner:
 
     def __init__(self, desc):
         self.input_buffers = SimpleNamespace(input_ids=torch.arange(16, dtype=torch.int32),
-                                             positions=torch.arange(16, dtype=torch.int64))
+                                             positions=torch.arange(16, dtype=torch.int64),
+                                             seq_lens=torch.tensor([7, 3, 0, 0, 9], dtype=torch.int32),
+                                             query_start_loc=torch.tensor([0, 1, 2, 8, 8, 8], dtype=torch.int32))
         self.slots = torch.arange(100, 116).reshape(1, 16)
+        self.tables = torch.arange(20, dtype=torch.int32).reshape(5, 4)  # [rows, blocks], one KV group
         self.cudagraph_manager = SimpleNamespace(dispatch=lambda *a, **k: desc, run_fullgraph=lambda d: "full",
                                                  run_pw_graph=lambda model, inputs: "piecewise")
-        self.prepare_attn = lambda batch: ("tables", self.slots[:, :batch.num_tokens_after_padding])
+        self.prepare_attn = lambda batch: ((self.tables[:batch.num_reqs_after_padding],),
+                                           self.slots[:, :batch.num_tokens_after_padding])
 
-    def execute(self, real, padded):
+    def execute(self, real, padded, rows=4):
         """What execute_model does with the wrapped attributes, in order."""
         desc = self.cudagraph_manager.dispatch(2, real, None, num_active_loras=0)
-        self.prepare_attn(SimpleNamespace(num_tokens=real, num_tokens_after_padding=padded))
+        self.prepare_attn(SimpleNamespace(num_tokens=real, num_tokens_after_padding=padded, num_reqs_after_padding=rows))
         if desc.cg_mode is Mode.FULL:
             self.cudagraph_manager.run_fullgraph(desc)
         elif desc.cg_mode is Mode.PIECEWISE:
@@ -109,6 +113,20 @@ def test_the_observer_records_the_dispatch_the_path_and_the_inputs():
     runner.execute(5, 8)
     assert (record.path, record.ran.num_tokens, record.dispatched.cg_mode) == ("FULL", 8, Mode.FULL)
     assert record.token_ids.tolist() == list(range(8)) and record.slot_mapping.tolist() == list(range(100, 108))
+
+
+def test_the_observer_copies_the_request_rows_the_forward_reads():
+    """input_buffers.seq_lens and query_start_loc, and the first KV group's block tables, at the
+    padded request count, copied: the next step's buffers do not change them."""
+    runner = StandInRunner(Desc(Mode.FULL, 8, 4))
+    observer = StepObserver(runner, vocab_size=256, max_model_len=128)
+    record = observer.start()
+    runner.execute(2, 8, rows=4)
+    assert record.seq_lens.tolist() == [7, 3, 0, 0] and record.query_start_loc.tolist() == [0, 1, 2, 8, 8]
+    assert record.block_tables.tolist() == runner.tables[:4].tolist()
+    runner.input_buffers.seq_lens.fill_(5)
+    runner.tables.fill_(1)
+    assert record.seq_lens.tolist() == [7, 3, 0, 0] and record.block_tables[0].tolist() == [0, 1, 2, 3]
 
 
 def test_an_eager_step_runs_eager_at_the_asked_size_with_the_graphs_request_padding():

@@ -136,6 +136,24 @@ def test_the_observer_reads_mode_and_size_from_the_forward_context_not_from_a_re
     assert VllmV1Engine._padded(record) == 8
 
 
+def test_the_observer_copies_the_request_rows_at_the_descriptors_padded_count():
+    """The runner's seq_lens and query_start_loc (a CpuGpuBuffer) and the first KV group's block
+    table, at the descriptor's num_reqs, copied at forward time."""
+    context = SimpleNamespace()
+    runner = FakeRunner(lambda n: (Mode.FULL, Desc(8, 4, True)))
+    table = torch.arange(24, dtype=torch.int32).reshape(6, 4)
+    runner.seq_lens = torch.tensor([5, 9, 0, 0, 7, 7], dtype=torch.int32)
+    runner.query_start_loc = SimpleNamespace(gpu=torch.tensor([0, 1, 2, 2, 2, 9, 9], dtype=torch.int32))
+    runner.input_batch = SimpleNamespace(num_reqs=2, block_table=[SimpleNamespace(
+        get_device_tensor=lambda rows: table[:rows])])
+    observer = V1StepObserver(runner, vocab_size=50, max_model_len=64, forward_context=lambda: context)
+    record = run_step(observer, runner, context, real=2, padded=8)
+    assert record.seq_lens.tolist() == [5, 9, 0, 0] and record.query_start_loc.tolist() == [0, 1, 2, 2, 2]
+    assert record.block_tables.tolist() == table[:4].tolist()
+    table.fill_(0)
+    assert record.block_tables[1].tolist() == [4, 5, 6, 7]
+
+
 def test_an_eager_step_replaces_the_dispatchers_answer_and_padding_fills_only_padded_rows():
     context = SimpleNamespace()
     runner = FakeRunner(lambda n: (Mode.FULL, Desc(8, 8, True)))
