@@ -21,6 +21,8 @@ from reference_runtime.engine.buffers import StaticBuffers
 from reference_runtime.engine.model import Decoder
 from reference_runtime.engine.plan import FULL, NONE, PIECEWISE, Planner
 from reference_runtime.engine.runner import ModelRunner
+from reference_runtime.engine.seams import Wrapped
+from reference_runtime.engine.strategy import CapturedGraphs
 from reference_runtime.policy import BatchDescriptor, CUDAGraphMode, Dispatcher
 
 
@@ -39,6 +41,11 @@ def mutant(name: str, class_name: str, make_runner, doc: str | None = None, **de
 def with_seams(**seams):
     """The reference runner with these constructor seams replaced."""
     return partial(ModelRunner, **seams)
+
+
+def with_strategy(wrapper):
+    """The reference runner whose run strategy is the default one inside `wrapper`."""
+    return with_seams(strategy=wrapper.around(CapturedGraphs))
 
 
 # -- padding, metadata and addresses ------------------------------------------------------------
@@ -222,14 +229,14 @@ class _IgnoresPaddingFills(ModelRunner):
         return super().step(requests)
 
 
-class _OutputsOverwritten(ModelRunner):
+class _OutputsOverwritten(Wrapped):
     """Returns a view of the graph's output buffer while declaring that outputs are the caller's."""
 
-    def output(self, plan, logits):
+    def run(self, plan, eager=False):
+        result = self.inner.run(plan, eager)
         if plan.mode is FULL:
-            n = plan.num_real_tokens
-            return StepResult(logits[:n], plan.mode.name, n, plan.num_padded_tokens)
-        return super().output(plan, logits)
+            return replace(result, logits=self.inner.full_graphs[plan.key].output[: plan.num_real_tokens])
+        return result
 
 
 class _SwapBreaksTheStepStager(StaticBuffers):
@@ -240,19 +247,19 @@ class _SwapBreaksTheStepStager(StaticBuffers):
         setattr(self, name, getattr(self, name).tolist())
 
 
-class _EagerDriftsWithHistory(ModelRunner):
+class _EagerDriftsWithHistory(Wrapped):
     """Its eager steps round differently (one ulp up) once the engine has served many steps, as a
     workspace or cache that a long history changes would: graph and eager agree on a fresh engine,
     and drift apart on one that has served a while."""
     DRIFTS_AFTER = 40  # steps: more than a fresh engine serves in the rows-changing-owner test
 
-    def __init__(self, config, **seams):
-        super().__init__(config, **seams)
+    def __init__(self, inner):
+        super().__init__(inner)
         self.served = 0
 
-    def execute(self, plan):
+    def run(self, plan, eager=False):
         self.served += 1
-        result = super().execute(plan)
+        result = self.inner.run(plan, eager)
         if plan.mode is NONE and self.served > self.DRIFTS_AFTER:
             return replace(result, logits=torch.nextafter(result.logits, torch.full_like(result.logits, float("inf"))))
         return result
@@ -335,12 +342,14 @@ class StandInGraphBackend:
         return {"bytes": 1}
 
 
-class _DoubleReplay(ModelRunner):
+class _DoubleReplay(Wrapped):
     """Replays a FULL graph twice per step: right answers, twice the launches."""
 
-    def replay_full(self, plan):
-        self.full_graphs[plan.key].replay(self.graph_inputs)
-        return super().replay_full(plan)
+    def run(self, plan, eager=False):
+        result = self.inner.run(plan, eager)
+        if plan.mode is FULL:  # the same staged inputs again: the same values, one launch more
+            self.inner.full_graphs[plan.key].replay(self.inner.runner.graph_inputs)
+        return result
 
 
 class _WindowFrozenAtCapture(StaticBackend):
@@ -358,7 +367,7 @@ class _LyingAlwaysBackend(StaticBackend):
     """Declares ALWAYS, but inside a graph it uses a decode kernel that lets every token of a
     request see the whole request, future tokens of a prompt included."""
 
-    in_graph = False  # the runner below says when a FULL graph is being captured
+    in_graph = False  # the run strategy below says when graphs are being captured
 
     def forward(self, layer, q, meta):
         if not self.in_graph:
@@ -369,18 +378,16 @@ class _LyingAlwaysBackend(StaticBackend):
         return attend(q[:, None], k, v, mask[:, None, :], self.scale)[:, 0]
 
 
-class _AlwaysLiar(ModelRunner):
-    __doc__ = _LyingAlwaysBackend.__doc__
+class _CapturesLiars(Wrapped):
+    """Tells the lying backends when graphs are being recorded (warm-ups included: their outputs
+    are thrown away; PIECEWISE pieces record no attention)."""
 
-    def __init__(self, config, **seams):
-        super().__init__(config, backends={**BACKENDS, "static": _LyingAlwaysBackend}, **seams)
-
-    def capture_full(self, plan, meta, graphs):
-        liars = [b for b in self.backends if isinstance(b, _LyingAlwaysBackend)]
+    def capture(self):
+        liars = [b for b in self.inner.runner.backends if isinstance(b, _LyingAlwaysBackend)]
         for liar in liars:
             liar.in_graph = True
         try:
-            return super().capture_full(plan, meta, graphs)
+            return self.inner.capture()
         finally:
             for liar in liars:
                 liar.in_graph = False
@@ -415,24 +422,27 @@ class _CaptureConsumesKVCapacityPlanner(Planner):
         return super().dummy(mode, key)
 
 
-class _PiecewiseIsOneGraph(ModelRunner):
-    """Captures the whole forward, attention included, as the single 'piece' of a PIECEWISE size."""
+class _PiecewiseIsOneGraph(CapturedGraphs):
+    """Captures the whole forward, attention included, as the single 'piece' of a PIECEWISE size
+    (replaying a size's pieces then replays that one graph)."""
 
-    def capture_pieces(self, plan, meta, graphs):
-        return [graphs.capture(lambda: self.forward(meta), static_inputs=self.graph_inputs(),
+    def capture_key(self, mode, key, graphs):
+        if mode is not PIECEWISE:
+            return super().capture_key(mode, key, graphs)
+        runner = self.runner
+        plan = runner.planner.dummy(mode, key)
+        runner.stager.transfer(runner.stager.stage(plan))
+        meta = runner.stager.metadata(plan)
+        self.forward(meta)  # warm-up
+        return [graphs.capture(lambda: self.forward(meta), static_inputs=runner.graph_inputs(with_attention=True),
                                name=f"PIECEWISE n={plan.num_padded_tokens}")]
 
-    def replay_pieces(self, plan):
-        graph = self.piece_graphs[plan.num_padded_tokens][0]
-        graph.replay(self.graph_inputs)
-        return graph.output
 
-
-class _GraphMemoryInKiB(ModelRunner):
+class _GraphMemoryInKiB(Wrapped):
     """Reports graph memory in KiB where the protocol asks for bytes."""
 
     def capture(self):
-        report = super().capture()
+        report = self.inner.capture()
         return replace(report, memory_bytes=report.memory_bytes // 1024)
 
 
@@ -450,40 +460,35 @@ class _RecapturesSilently(ModelRunner):
 
     def capture(self):
         if self.capture_report is not None:
-            self.capture_report, self.full_graphs, self.piece_graphs = None, {}, {}
+            self.capture_report = None
             self.graphs = make_backend(self.config.graph_backend, self.device)  # a capture phase of its own
+            self.strategy = CapturedGraphs(self)  # no graphs yet
         return super().capture()
 
 
-class _CapturesInService(ModelRunner):
+class _CapturesInService(Wrapped):
     """capture() records nothing; each graph is captured the first time a step needs it."""
 
     def capture(self):
-        if self.capture_report is not None:
-            raise RuntimeError("the capture phase is over")
-        self.capture_report = CaptureReport({"FULL": 0, "PIECEWISE": 0}, 0.001, None, ())
-        return self.capture_report
+        return CaptureReport({"FULL": 0, "PIECEWISE": 0}, 0.001, None, ())
 
-    def execute(self, plan):
-        missing = (plan.mode is FULL and plan.key not in self.full_graphs) or \
-            (plan.mode is PIECEWISE and plan.num_padded_tokens not in self.piece_graphs)
+    def run(self, plan, eager=False):
+        inner, runner = self.inner, self.inner.runner
+        missing = (plan.mode is FULL and plan.key not in inner.full_graphs) or \
+            (plan.mode is PIECEWISE and plan.num_padded_tokens not in inner.piece_graphs)
         if missing:
-            with self.capture_phase():
-                graphs = self.capture_key(plan.mode, plan.key, self.graphs)
-            if plan.mode is FULL:
-                self.full_graphs[plan.key] = graphs[0]
-            else:
-                self.piece_graphs[plan.num_padded_tokens] = graphs
-        return super().execute(plan)
+            with runner.capture_phase():
+                inner.record(plan.mode, plan.key, inner.capture_key(plan.mode, plan.key, runner.graphs))
+        return inner.run(plan, eager)
 
 
 class _LazyCheckingEveryReplay(_CapturesInService):
     """Records each graph the first time a step needs it, and checks a graph's input addresses at
     every replay: its first is its recording, in service."""
 
-    def __init__(self, config, **seams):
-        super().__init__(config, **seams)
-        self.graphs.debug = True
+    def __init__(self, inner):
+        super().__init__(inner)
+        inner.runner.graphs.debug = True
 
 
 class _RecordsPerContext(_CapturesInService):
@@ -491,17 +496,17 @@ class _RecordsPerContext(_CapturesInService):
     not seen at that key (as a graph compiled with a host length baked in would be): graphs pile up
     with every decode step."""
 
-    def __init__(self, config, **seams):
-        super().__init__(config, **seams)
+    def __init__(self, inner):
+        super().__init__(inner)
         self.recorded_at: set[tuple] = set()  # (mode, key, longest context) of every recording
 
-    def execute(self, plan):
+    def run(self, plan, eager=False):
         at = (plan.mode, plan.key, max(plan.seq_lens, default=0))
         if plan.mode is not NONE and at not in self.recorded_at:
             self.recorded_at.add(at)
-            self.full_graphs.pop(plan.key, None)
-            self.piece_graphs.pop(plan.num_padded_tokens, None)
-        return super().execute(plan)
+            self.inner.full_graphs.pop(plan.key, None)
+            self.inner.piece_graphs.pop(plan.num_padded_tokens, None)
+        return super().run(plan, eager)
 
 
 def _stand_in_graphs(config):
@@ -525,12 +530,14 @@ KeptRowsKeepTheirTables = mutant("kept-rows-keep-their-tables", "KeptRowsKeepThe
 RowsKeepTheirTablesOnEveryPath = mutant("rows-keep-their-tables-on-every-path", "RowsKeepTheirTablesOnEveryPath",
                                         with_seams(planner=_RowsKeepTheirTablesOnEveryPathPlanner),
                                         _RowsKeepTheirTablesOnEveryPathPlanner.__doc__)
-EagerDriftsWithHistory = mutant("eager-drifts-with-history", "EagerDriftsWithHistory", _EagerDriftsWithHistory)
+EagerDriftsWithHistory = mutant("eager-drifts-with-history", "EagerDriftsWithHistory",
+                                with_strategy(_EagerDriftsWithHistory), _EagerDriftsWithHistory.__doc__)
 KeptRowsUpdateOneTokenARow = mutant("kept-rows-update-one-token-a-row", "KeptRowsUpdateOneTokenARow",
                                     with_seams(planner=_KeptRowsUpdateOneTokenARowPlanner),
                                     _KeptRowsUpdateOneTokenARowPlanner.__doc__)
 IgnoresPaddingFills = mutant("ignores-padding-fills", "IgnoresPaddingFills", _IgnoresPaddingFills)
-OutputsOverwritten = mutant("outputs-overwritten", "OutputsOverwritten", _OutputsOverwritten)
+OutputsOverwritten = mutant("outputs-overwritten", "OutputsOverwritten", with_strategy(_OutputsOverwritten),
+                            _OutputsOverwritten.__doc__)
 SwapBreaksTheStep = mutant("swap-breaks-the-step", "SwapBreaksTheStep", with_seams(stager=_SwapBreaksTheStepStager),
                            _SwapBreaksTheStepStager.__doc__)
 SilentDowngrade = mutant("silent-engine-downgrade", "SilentDowngrade", _SilentDowngrade)
@@ -540,11 +547,13 @@ ReportsWrongMode = mutant("reports-wrong-mode", "ReportsWrongMode", _ReportsWron
 UniformByCount = mutant("uniform-by-count", "UniformByCount", with_seams(planner=_UniformByCountPlanner),
                         _UniformByCountPlanner.__doc__)
 StandInGraphs = mutant("stand-in-graphs", "StandInGraphs", _stand_in_graphs, StandInGraphBackend.__doc__)
-DoubleReplay = mutant("double-replay", "DoubleReplay", _DoubleReplay)
+DoubleReplay = mutant("double-replay", "DoubleReplay", with_strategy(_DoubleReplay), _DoubleReplay.__doc__)
 WindowFrozenAtCapture = mutant("window-frozen-at-capture", "WindowFrozenAtCapture",
                                with_seams(backends={**BACKENDS, "static": _WindowFrozenAtCapture}),
                                _WindowFrozenAtCapture.__doc__)
-AlwaysLiar = mutant("always-liar", "AlwaysLiar", _AlwaysLiar)
+AlwaysLiar = mutant("always-liar", "AlwaysLiar",
+                    with_seams(backends={**BACKENDS, "static": _LyingAlwaysBackend},
+                               strategy=_CapturesLiars.around(CapturedGraphs)), _LyingAlwaysBackend.__doc__)
 RotaryOffByOne = mutant("rotary-off-by-one", "RotaryOffByOne", with_seams(model=_RotaryOffByOne.from_checkpoint),
                         _RotaryOffByOne.__doc__)
 CaptureWritesLiveKV = mutant("capture-writes-live-kv", "CaptureWritesLiveKV",
@@ -552,22 +561,24 @@ CaptureWritesLiveKV = mutant("capture-writes-live-kv", "CaptureWritesLiveKV",
 CaptureConsumesKVCapacity = mutant("capture-consumes-kv-capacity", "CaptureConsumesKVCapacity",
                                    with_seams(planner=_CaptureConsumesKVCapacityPlanner),
                                    _CaptureConsumesKVCapacityPlanner.__doc__)
-PiecewiseIsOneGraph = mutant("piecewise-is-one-graph", "PiecewiseIsOneGraph", _PiecewiseIsOneGraph)
-GraphMemoryInKiB = mutant("graph-memory-in-kib", "GraphMemoryInKiB", _GraphMemoryInKiB)
+PiecewiseIsOneGraph = mutant("piecewise-is-one-graph", "PiecewiseIsOneGraph", with_seams(strategy=_PiecewiseIsOneGraph),
+                             _PiecewiseIsOneGraph.__doc__)
+GraphMemoryInKiB = mutant("graph-memory-in-kib", "GraphMemoryInKiB", with_strategy(_GraphMemoryInKiB),
+                          _GraphMemoryInKiB.__doc__)
 SecondCaptureTypeError = mutant("second-capture-type-error", "SecondCaptureTypeError", _SecondCaptureTypeError)
 RecapturesSilently = mutant("recaptures-silently", "RecapturesSilently", _RecapturesSilently)
-CapturesInService = mutant("captures-in-service", "CapturesInService", _CapturesInService)
-RecordsPerContext = mutant("records-per-context", "RecordsPerContext", _RecordsPerContext, lazy_capture=True)
+CapturesInService = mutant("captures-in-service", "CapturesInService", with_strategy(_CapturesInService),
+                           _CapturesInService.__doc__)
+RecordsPerContext = mutant("records-per-context", "RecordsPerContext", with_strategy(_RecordsPerContext),
+                           _RecordsPerContext.__doc__, lazy_capture=True)
 LazyChecksTheFirstReplayOnly = mutant(
-    "lazy-checks-the-first-replay-only", "LazyChecksTheFirstReplayOnly", _CapturesInService,
+    "lazy-checks-the-first-replay-only", "LazyChecksTheFirstReplayOnly", with_strategy(_CapturesInService),
     "Declares lazy_capture and checks a graph's input addresses at its first replay only, which is its "
     "recording in service: a buffer moved after it is never noticed, and the graph reads the old memory.",
     lazy_capture=True)
 StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
                                        with_seams(stager=StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
                                        random_padding_ids=True)
-LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _LazyCheckingEveryReplay,
-                             _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
                                     with_seams(stager=RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
 # Not mutants: random ids, declared, as LMDeploy's; lazy capture, declared, as torch.compile's graph
@@ -575,7 +586,7 @@ RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPadd
 RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
                                   with_seams(stager=RandomPaddingIdsStager), "Random padded ids, declared.",
                                   random_padding_ids=True)
-LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", _LazyCheckingEveryReplay,
+LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", with_strategy(_LazyCheckingEveryReplay),
                              _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 
 MUTANTS = [SlotWraps, StaleBlockTables, NewInputTensors, PadsBelowBatch, LeakyReduction, StalePaddedPositions,
