@@ -18,7 +18,7 @@ from .attention import Metadata
 from .plan import StepPlan
 
 
-class Planner(Protocol):
+class PlannerProtocol(Protocol):
     """Requests -> StepPlan. Built as `planner(dispatcher, allocator, max_rows, consensus)`."""
 
     allocator: object  # kv_cache.BlockAllocator: the KV blocks the plans' slots come from
@@ -32,7 +32,7 @@ class Planner(Protocol):
     def release(self, request_id: int) -> None: ...
 
 
-class Stager(Protocol):
+class StagerProtocol(Protocol):
     """A plan into the static buffers. Built as `stager(max_tokens, max_rows, max_blocks, max_model_len, device)`."""
 
     def stage(self, plan: StepPlan) -> int: ...  # the plan into the host buffer; the values transfer moves
