@@ -112,7 +112,8 @@ class _StaleTablesOnRankOne(ModelRunner):
 
     def __init__(self, config, **seams):
         stale = config.data_parallel is not None and config.data_parallel[0] == 1
-        super().__init__(config, stager=StaleBlockTablesStager if stale else StaticBuffers, **seams)
+        stager = StaleBlockTablesStager.around(StaticBuffers) if stale else StaticBuffers
+        super().__init__(config, stager=stager, **seams)
 
 
 def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRunner, policy: bool = True,

@@ -141,3 +141,101 @@ def test_the_import_check_fails_on_a_forbidden_import(tmp_path):
     probe.write_text("import torch\n\ndef f():\n    from harness.expectations import presets\n")
     found = violations([probe], lambda m: top(m) != "harness" or m.startswith(("harness.protocol", "harness.graphs")))
     assert found == ["probe.py:4 imports harness.expectations", "probe.py:4 imports harness.expectations.presets"]
+
+
+# -- the engine's seams: what a class outside the reference runtime may override ---------------------
+def documented_seams() -> dict[str, set[str]]:
+    """Class name -> the methods a replacement may define, from the seams table of the architecture
+    page (its third column names the default's class, its fourth the methods)."""
+    section = DOC.split("### The runner's seams", 1)[1].split("\n## ", 1)[0]
+    seams = {}
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[2].startswith("`"):
+            default = re.findall(r"`([^`]+)`", cells[2])[0].split(".")[-1]
+            seams[default] = set(re.findall(r"`([A-Za-z_]+)`", cells[3])) | {"__init__"}
+    return seams
+
+
+def engine_classes() -> dict[str, tuple[list[str], set[str]]]:
+    """Every class of the reference runtime: its bases' names and the methods it defines."""
+    classes = {}
+    for path in python_files("reference_runtime"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):  # two classes of one name: both count
+                bases, methods = classes.get(node.name, ([], set()))
+                classes[node.name] = (bases + [base_name(b) for b in node.bases],
+                                      methods | {f.name for f in node.body if isinstance(f, ast.FunctionDef)})
+    return classes
+
+
+def base_name(node) -> str | None:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+
+
+def sources_of(path: Path) -> list[tuple[str, ast.AST]]:
+    """A file's syntax tree, and those of the Python programs it holds as strings (a test writes
+    them out for pytester) that use the reference runtime."""
+    tree = ast.parse(path.read_text())
+    found = [(str(path.relative_to(ROOT)), tree)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "reference_runtime" in node.value \
+                and "class " in node.value:
+            try:
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno} (a program in a string)", ast.parse(node.value)))
+            except SyntaxError:
+                pass
+    return found
+
+
+def overrides_outside_the_seams(where: str, tree: ast.AST, engine, seams) -> list[str]:
+    """Methods that classes in `tree` define over a method of an engine class they derive from,
+    where that method is not among the seams of the nearest documented class above them."""
+    local = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+    def engine_bases(name, seen=()) -> set[str]:  # the engine classes a class derives from, through local ones
+        if name in local and name not in seen:
+            return set().union(*(engine_bases(base_name(b), seen + (name,)) for b in local[name].bases))
+        return {name} if name in engine else set()
+
+    def methods(name) -> set[str]:
+        bases, own = engine[name]
+        return own.union(*(methods(b) for b in bases if b in engine))
+
+    def allowed(name) -> set[str]:  # the nearest documented class's seams; none below an undocumented root
+        if name in seams:
+            return seams[name]
+        return set().union(*(allowed(b) for b in engine[name][0] if b in engine)) or {"__init__"}
+
+    found = []
+    for name, node in local.items():
+        for engine_class in sorted(set().union(*(engine_bases(base_name(b)) for b in node.bases))):
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name in methods(engine_class) \
+                        and f.name not in allowed(engine_class):
+                    found.append(f"{where}:{f.lineno} {name} overrides {engine_class}.{f.name}, not a seam")
+    return found
+
+
+def test_nothing_outside_overrides_the_engine_beyond_its_seams():
+    engine, seams = engine_classes(), documented_seams()
+    assert {"Planner", "StaticBuffers", "CapturedGraphs", "ModelRunner", "Backend"} <= set(seams), seams
+    found = [line for path in python_files(*OUTSIDE) if path != Path(__file__)
+             for where, tree in sources_of(path)
+             for line in overrides_outside_the_seams(where, tree, engine, seams)]
+    assert not found, "\n".join(found)
+
+
+def test_the_seam_check_sees_an_override_outside_the_seams():
+    """The check above, shown to fail: a planner subclass overriding its layout, a run strategy
+    overriding how pieces replay, through a class of its own in between; the seams themselves pass."""
+    engine, seams = engine_classes(), documented_seams()
+    source = ("class P(Planner):\n    def plan(self, requests, captured): pass\n"
+              "    def lay_out(self, *args): pass\n"
+              "class Mine(CapturedGraphs):\n    def run(self, plan, eager=False): pass\n"
+              "class S(Mine):\n    def _replay_pieces(self, plan): pass\n"
+              "class B(StaticBackend):\n    def forward(self, layer, q, meta): pass\n")
+    assert overrides_outside_the_seams("probe.py", ast.parse(source), engine, seams) == [
+        "probe.py:3 P overrides Planner.lay_out, not a seam",
+        "probe.py:7 S overrides CapturedGraphs._replay_pieces, not a seam",
+    ]

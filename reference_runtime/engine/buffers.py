@@ -68,34 +68,29 @@ class StaticBuffers:
         # A step's values, then their destinations, side by side: one contiguous run, so the copy
         # is one DMA from pinned memory (a strided host view would be staged through pageable memory).
         self.host = torch.zeros(2 * len(self.packed), dtype=torch.long, pin_memory=cuda)
-        self.host_values = self.host.numpy()
-        self.host_items = memoryview(self.host_values)  # one value at a time, cheaper than numpy's indexing
-        self.device_staging = torch.zeros(2 * len(self.packed), **long)
+        self._host_values = self.host.numpy()
+        self._host_items = memoryview(self._host_values)  # one value at a time, cheaper than numpy's indexing
+        self._device_staging = torch.zeros(2 * len(self.packed), **long)
         # Recorded when a copy has left the pinned buffer; external, so that inside a graph it is a
         # node of its own and the host knows when a replay has read the buffer.
-        self.copy_done = torch.cuda.Event(external=True) if cuda else None
-        self.destinations: dict[tuple[int, int], tuple[np.ndarray, dict[str, int]]] = {}
-        self.staged_destinations: np.ndarray | None = None  # whose destinations the pinned buffer holds
-        self.staged_plan: StepPlan | None = None  # the plan the pinned buffer holds, at...
-        self.staged_revision = -1  # ...this revision of it
+        self._copy_done = torch.cuda.Event(external=True) if cuda else None
+        self._destinations: dict[tuple[int, int], tuple[np.ndarray, dict[str, int]]] = {}
+        self._staged_destinations: np.ndarray | None = None  # whose destinations the pinned buffer holds
+        self._staged_plan: StepPlan | None = None  # the plan the pinned buffer holds, at...
+        self._staged_revision = -1  # ...this revision of it
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in NAMES}
 
-    def where(self, tokens: int, rows: int) -> np.ndarray:
-        """Where a step of `tokens` token rows and `rows` request rows goes in the packed tensor,
-        value by value in staged order."""
-        return self.shape(tokens, rows)[0]
-
-    def shape(self, tokens: int, rows: int) -> tuple[np.ndarray, dict[str, int]]:
+    def _shape(self, tokens: int, rows: int) -> tuple[np.ndarray, dict[str, int]]:
         """(where a step of this shape goes in the packed tensor, where each input starts in it as staged)."""
         key = (tokens, rows)
-        if key not in self.destinations:
-            self.destinations[key] = (np.concatenate([
+        if key not in self._destinations:
+            self._destinations[key] = (np.concatenate([
                 self.offsets[name] + np.arange(length)
                 for name, length in extents(tokens, rows, self.max_blocks).items()]),
                 offsets(tokens, rows, self.max_blocks))
-        return self.destinations[key]
+        return self._destinations[key]
 
     # -- staging ------------------------------------------------------------------------------
     def stage(self, plan: StepPlan) -> int:
@@ -106,20 +101,20 @@ class StaticBuffers:
                              f"{self.max_tokens} tokens and {self.max_rows} rows")
         if real_rows > rows:
             raise ValueError(f"a step of {real_rows} request rows does not fit the {rows} rows staged for it")
-        destinations, starts = self.shape(n, rows)
+        destinations, starts = self._shape(n, rows)
         m = len(destinations)
-        self.wait_for_last_copy()
-        if plan is self.staged_plan:
-            self.write_updates(plan, starts)
+        self._wait_for_last_copy()
+        if plan is self._staged_plan:
+            self._write_updates(plan, starts)
         else:
-            self.write(plan, n, rows, m)
-        if self.staged_destinations is not destinations:  # the last step of this shape left them there
-            self.host_values[m: 2 * m] = destinations
-            self.staged_destinations = destinations
-        self.staged_plan, self.staged_revision = plan, plan.revision
+            self._write(plan, n, rows, m)
+        if self._staged_destinations is not destinations:  # the last step of this shape left them there
+            self._host_values[m: 2 * m] = destinations
+            self._staged_destinations = destinations
+        self._staged_plan, self._staged_revision = plan, plan.revision
         return m
 
-    def write(self, plan: StepPlan, n: int, rows: int, m: int) -> None:
+    def _write(self, plan: StepPlan, n: int, rows: int, m: int) -> None:
         """The whole plan: every input but the block tables in one assignment (numpy's cost is per
         call at a small batch), rows past the layout's as length 0 starting at the end; then the
         block tables row by row."""
@@ -135,19 +130,19 @@ class StaticBuffers:
         if len(head) != at:
             raise ValueError(f"a plan of {n} tokens in {plan.num_rows} rows needs {n} token ids, positions, slots "
                              f"and token rows, {plan.num_rows} sequence lengths and {plan.num_rows + 1} query starts")
-        host = self.host_values
+        host = self._host_values
         host[:at] = head
         tables = host[at:m].reshape(rows, self.max_blocks)
         tables.fill(NULL_BLOCK)
         for row, table in enumerate(plan.block_tables):
-            self.check_table(table)
+            self._check_table(table)
             tables[row, : len(table)] = table
 
-    def write_updates(self, plan: StepPlan, at: dict[str, int]) -> None:
+    def _write_updates(self, plan: StepPlan, at: dict[str, int]) -> None:
         """What the planner changes in a plan it updates: the real tokens' ids, positions and slots,
         their requests' lengths, and the block table rows changed since it was last staged. Value
         by value: at the batch sizes where host time counts, cheaper than numpy's per-call cost."""
-        values, ids, positions, slots = self.host_items, at["input_ids"], at["positions"], at["slot_mapping"]
+        values, ids, positions, slots = self._host_items, at["input_ids"], at["positions"], at["slot_mapping"]
         for t in range(plan.num_real_tokens):
             values[ids + t] = plan.input_ids[t]
             values[positions + t] = plan.positions[t]
@@ -155,28 +150,28 @@ class StaticBuffers:
         lengths, tables, width = at["seq_lens"], at["block_tables"], self.max_blocks
         for row in range(plan.num_real_rows):
             values[lengths + row] = plan.seq_lens[row]
-            if plan.table_revisions[row] > self.staged_revision:
+            if plan.table_revisions[row] > self._staged_revision:
                 table = plan.block_tables[row]
-                self.check_table(table)
+                self._check_table(table)
                 start = tables + row * width
-                self.host_values[start: start + width] = NULL_BLOCK
-                self.host_values[start: start + len(table)] = table
+                self._host_values[start: start + width] = NULL_BLOCK
+                self._host_values[start: start + len(table)] = table
 
-    def check_table(self, table) -> None:
+    def _check_table(self, table) -> None:
         if len(table) > self.max_blocks:
             raise ValueError(f"a request needs {len(table)} blocks; max_model_len allows {self.max_blocks}")
 
-    def wait_for_last_copy(self) -> None:
-        if self.copy_done is not None:
-            self.copy_done.synchronize()  # the last copy (eager, or a replay's first node) has read the buffer
+    def _wait_for_last_copy(self) -> None:
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the last copy (eager, or a replay's first node) has read the buffer
 
     def transfer(self, m: int) -> None:
         """Copy the `m` staged values and their destinations to the device and scatter them into
         the buffers (in place: the addresses never change). Runs eagerly or inside a capture."""
-        staging = self.device_staging[: 2 * m]
+        staging = self._device_staging[: 2 * m]
         staging.copy_(self.host[: 2 * m], non_blocking=True)
-        if self.copy_done is not None:
-            self.copy_done.record()
+        if self._copy_done is not None:
+            self._copy_done.record()
         self.packed.index_copy_(0, staging[m:], staging[:m])
 
     def load(self, plan: StepPlan) -> None:

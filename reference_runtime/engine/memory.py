@@ -26,7 +26,7 @@ def estimate_graph_memory(runner) -> int:
                 deltas = []
                 for key in keys[:2]:  # what the pool grew by (free device memory can stay put)
                     before = throwaway.pool_stats()["bytes"]
-                    runner.capture_key(mode, key, throwaway)
+                    runner.strategy.capture_key(mode, key, throwaway)
                     deltas.append(throwaway.pool_stats()["bytes"] - before)
                 estimate += deltas[0] + max(deltas[-1], 2**20) * (len(keys) - 1)
     finally:

@@ -72,10 +72,10 @@ class Planner:
         self.dispatcher, self.allocator, self.max_rows, self.consensus = dispatcher, allocator, max_rows, consensus
         self.q = dispatcher.config.query_len
         self.persistent: StepPlan | None = None  # the persistent batch
-        self.answers: dict[tuple[int, int, bool], tuple] = {}
+        self._answers: dict[tuple[int, int, bool], tuple] = {}
 
     # -- what the step runs -------------------------------------------------------------------
-    def is_uniform(self, requests) -> bool:
+    def _is_uniform(self, requests) -> bool:
         """A uniform decode batch: every request brings exactly q tokens."""
         return query_len_if_uniform(requests, self.q) is not None
 
@@ -85,11 +85,11 @@ class Planner:
         if self.consensus is not None:  # an idle rank (no tokens) joins too, and runs padding rows only
             return self.consensus.dispatch(self.dispatcher, num_tokens, num_reqs, uniform, captured)
         shape = (num_tokens, num_reqs, uniform)
-        answer = self.answers.get(shape)
+        answer = self._answers.get(shape)
         if answer is None:
             answer = self.dispatcher.dispatch(num_tokens, num_reqs, uniform)
-            if len(self.answers) < 4096:  # a bound for long services of mixed batches
-                self.answers[shape] = answer
+            if len(self._answers) < 4096:  # a bound for long services of mixed batches
+                self._answers[shape] = answer
         mode, key = answer
         if mode is not NONE and not captured:
             return NONE, BatchDescriptor(num_tokens, num_reqs)
@@ -97,7 +97,7 @@ class Planner:
 
     def plan(self, requests, captured: bool) -> StepPlan:
         """The step as served: dispatched, then laid out at the size its graph takes."""
-        mode, key = self.decide(sum(len(r.token_ids) for r in requests), len(requests), self.is_uniform(requests),
+        mode, key = self.decide(sum(len(r.token_ids) for r in requests), len(requests), self._is_uniform(requests),
                                 captured)
         if mode is NONE:
             return self.lay_out(requests, NONE, None, key.num_tokens)
@@ -106,7 +106,7 @@ class Planner:
     def plan_eager(self, requests, num_padded_tokens: int) -> StepPlan:
         """The step run eagerly at a given size, laid out as a FULL graph of that size would be."""
         mode, key = self.dispatcher.dispatch(sum(len(r.token_ids) for r in requests), len(requests),
-                                             self.is_uniform(requests))
+                                             self._is_uniform(requests))
         same_shape = mode is FULL and key.num_tokens == num_padded_tokens
         return self.lay_out(requests, NONE, None, num_padded_tokens, uniform=key.uniform if same_shape else None)
 
@@ -114,7 +114,7 @@ class Planner:
         """A batch of padding rows only, at a graph's size: what warm-up and capture run."""
         return self.lay_out([], mode, key, key.num_tokens, uniform=key.uniform if mode is FULL else False)
 
-    def staged_rows(self, mode: CUDAGraphMode, key: BatchDescriptor | None, num_rows: int) -> int:
+    def _staged_rows(self, mode: CUDAGraphMode, key: BatchDescriptor | None, num_rows: int) -> int:
         """Request rows the static buffers get. A FULL graph copies a fixed number, set at capture:
         n / q in a uniform layout; in a mixed one at most a row per token and the padding's row."""
         if mode is not FULL:
@@ -134,7 +134,7 @@ class Planner:
         elif uniform and not (fits and batch_uniform):
             raise ValueError(f"a uniform layout needs requests of {self.q} tokens and a size divisible by {self.q}")
         if uniform and mode is FULL and requests:
-            kept = self.update_persistent(requests, key, num_tokens)
+            kept = self._update_persistent(requests, key, num_tokens)
             if kept is not None:
                 return kept
         plan = self.fresh(requests, mode, key, num_tokens, self.q if uniform else None)
@@ -175,11 +175,11 @@ class Planner:
             starts.append(starts[-1] + size)
         if len(seq_lens) > self.max_rows:
             raise ValueError(f"{len(seq_lens)} request rows do not fit the {self.max_rows} rows of the static buffers")
-        return StepPlan(mode, key, real, num_tokens, len(requests), self.staged_rows(mode, key, len(seq_lens)),
+        return StepPlan(mode, key, real, num_tokens, len(requests), self._staged_rows(mode, key, len(seq_lens)),
                         uniform_q, ids, positions, slots, token_req, tables, seq_lens, starts,
                         table_revisions=[0] * len(requests), owners=owners)
 
-    def update_persistent(self, requests, key, num_tokens: int) -> StepPlan | None:
+    def _update_persistent(self, requests, key, num_tokens: int) -> StepPlan | None:
         """The persistent batch's plan, updated in place to what `fresh` would give, if the last
         uniform step had this size and as many requests; else None."""
         kept = self.persistent

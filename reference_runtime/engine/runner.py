@@ -3,24 +3,24 @@
 - plan (plan.py): the requests become a StepPlan: what runs (the dispatcher's answer), the real
   and padded sizes, and the layout in host arrays.
 - stage (buffers.py): the plan goes into the static buffers; a FULL graph copies it in itself.
-- run (here): the eager forward, the PIECEWISE pieces with attention eager between them, or the
-  FULL graph's replay.
-- output (here): a copy of the real rows' logits, the mode that ran and the sizes.
+- run and output (strategy.py): the eager forward, the PIECEWISE pieces with attention eager
+  between them, or the FULL graph's replay; then a copy of the real rows' logits, the mode that
+  ran and the sizes.
 
-Capture follows vLLM: an eager warm-up per size, PIECEWISE graphs before FULL ones, the largest
-size first, every graph in one memory pool, the garbage collector frozen meanwhile. After the
-capture phase no graph can be added.
+Capture (strategy.py) follows vLLM: an eager warm-up per size, PIECEWISE graphs before FULL ones,
+the largest size first, every graph in one memory pool, the garbage collector off meanwhile
+(`capture_phase`). After the capture phase no graph can be added.
 
 The runner is the protocol's Engine (harness/protocol.py) itself. The parts a plugin or a test
-replaces are constructor arguments: `model` (a checkpoint folder -> Decoder), `backends`
-(attention backend classes by name), `dispatcher` (the policy's Dispatcher class), `planner`,
-`stager` (the static buffers' class), `graphs` (a harness.graphs backend) and `consensus` (the
-data-parallel agreement's class); `memory.py` sizes the KV cache to a budget.
+replaces are constructor arguments, each with a narrow protocol (seams.py): `model` (a checkpoint
+folder -> Decoder), `backends` (attention backend classes by name), `dispatcher` (the policy's
+Dispatcher class), `planner`, `stager` (the static buffers' class), `strategy` (the run
+strategy's class), `graphs` (a harness.graphs backend) and `consensus` (the data-parallel
+agreement's class); `memory.py` sizes the KV cache to a budget.
 """
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -30,14 +30,15 @@ import torch
 from harness.graphs import make_backend
 from harness.protocol import CaptureReport, Resolution, StepInputs, StepResult
 
-from ..policy import CUDAGraphMode, Dispatcher, PolicyConfig, resolve_mode, weakest_support
+from ..policy import Dispatcher, PolicyConfig, resolve_mode, weakest_support
 from .attention import BACKENDS, make_backends
 from .buffers import NAMES, StaticBuffers
 from .data_parallel import DataParallel
 from .inspection import POISONS, fill_padding
 from .kv_cache import NULL_BLOCK, BlockAllocator, KVCache
 from .model import Decoder
-from .plan import FULL, PIECEWISE, Planner, StepPlan
+from .plan import Planner, StepPlan
+from .strategy import CapturedGraphs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,7 +59,8 @@ class RunnerConfig:
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, *, model=Decoder.from_checkpoint, backends=BACKENDS,
-                 dispatcher=Dispatcher, planner=Planner, stager=StaticBuffers, graphs=None, consensus=DataParallel):
+                 dispatcher=Dispatcher, planner=Planner, stager=StaticBuffers, strategy=CapturedGraphs, graphs=None,
+                 consensus=DataParallel):
         if config.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
         self.config = config
@@ -87,8 +89,7 @@ class ModelRunner:
                                agreement)
         self.graphs = graphs if graphs is not None else make_backend(config.graph_backend, self.device)
         self.attn_buffer = torch.zeros(max_tokens, m.heads * m.head_dim, dtype=self.dtype, device=self.device)
-        self.full_graphs: dict = {}
-        self.piece_graphs: dict[int, list] = {}
+        self.strategy = strategy(self)
         self.capture_report: CaptureReport | None = None
         self.graph_memory_estimate: int | None = None  # what fit_kv_cache set aside for graphs
         self.last_plan: StepPlan | None = None
@@ -98,92 +99,45 @@ class ModelRunner:
         """One step as in service: planned, staged, run, its real rows copied out."""
         plan = self.planner.plan(list(requests), captured=self.capture_report is not None)
         if padding_fill is None or plan.num_padded_tokens == plan.num_real_tokens:
-            return self.execute(plan)
+            return self._run(plan)
         filled = fill_padding(plan, padding_fill, self.model.vocab, self.config.max_model_len)
         with self.cache.poisoned(POISONS[padding_fill]) if padding_fill in POISONS else nullcontext():
-            return self.execute(filled)
+            return self._run(filled)
 
     def eager_step(self, requests, padded_num_tokens: int) -> StepResult:
         """The same step run eagerly at a given padded size, laid out as a graph there would be."""
-        return self.execute(self.planner.plan_eager(list(requests), padded_num_tokens))
+        return self._run(self.planner.plan_eager(list(requests), padded_num_tokens), eager=True)
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        if plan.mode is FULL:
-            self.stager.stage(plan)  # the graph's first nodes copy it in
-        else:
-            self.stager.load(plan)
+    def _run(self, plan: StepPlan, eager: bool = False) -> StepResult:
         self.last_plan = plan
-        return self.output(plan, self.run(plan))
-
-    def run(self, plan: StepPlan) -> torch.Tensor:
-        if plan.mode is FULL:
-            return self.replay_full(plan)
-        if plan.mode is PIECEWISE:
-            return self.replay_pieces(plan)
-        return self.forward(self.stager.metadata(plan))
-
-    def output(self, plan: StepPlan, logits: torch.Tensor) -> StepResult:
-        """The real rows, copied: a graph's output buffer is overwritten by its next replay."""
-        n = plan.num_real_tokens
-        return StepResult(logits[:n].clone(), plan.mode.name, n, plan.num_padded_tokens)
+        return self.strategy.run(plan, eager)
 
     def release(self, request_id: int) -> None:
         self.planner.release(request_id)
 
-    # -- the three ways to run ----------------------------------------------------------------
+    # -- what a run strategy reads ----------------------------------------------------------------
     def attention(self, meta):
+        """Every layer's attention for a step: (layer, q, k, v) -> its backend's output."""
         return lambda layer, q, k, v: self.backends[layer](layer, q, k, v, meta)
-
-    # The eager paths build no autograd state. A FULL replay runs no torch op on the host, so a
-    # step does not enter the mode itself (a few microseconds of a step at batch 1).
-    @torch.inference_mode()
-    def forward(self, meta) -> torch.Tensor:
-        n, buffers = meta.num_tokens, self.stager
-        return self.model.forward(buffers.input_ids[:n], buffers.positions[:n], self.attention(meta))
-
-    def replay_full(self, plan: StepPlan) -> torch.Tensor:
-        graph = self.full_graphs[plan.key]
-        graph.replay(self.graph_inputs)  # built only when the addresses are checked
-        return graph.output
-
-    @torch.inference_mode()
-    def replay_pieces(self, plan: StepPlan) -> torch.Tensor:
-        """Replay each piece; attention runs eagerly in between, into the static attention buffer."""
-        n, graphs, meta = plan.num_padded_tokens, self.piece_graphs[plan.num_padded_tokens], self.stager.metadata(plan)
-        inputs = lambda: self.graph_inputs(with_attention=True)  # noqa: E731 - built only when checked, as FULL's
-        graphs[0].replay(inputs)
-        for layer, graph in enumerate(graphs[1:]):
-            _, q, k, v = graphs[layer].output
-            self.attn_buffer[:n].copy_(self.backends[layer](layer, q, k, v, meta))
-            graph.replay(inputs)
-        return graphs[-1].output
 
     def graph_inputs(self, with_attention: bool = False) -> dict[str, torch.Tensor]:
         """The static inputs graphs read, by name (pieces also read the attention buffer)."""
         inputs = self.stager.tensors()
         return inputs | {"attn": self.attn_buffer} if with_attention else inputs
 
+    @property
+    def full_graphs(self) -> dict:
+        return getattr(self.strategy, "full_graphs", {})
+
+    @property
+    def piece_graphs(self) -> dict:
+        return getattr(self.strategy, "piece_graphs", {})
+
     # -- capture ----------------------------------------------------------------------------
     def capture(self) -> CaptureReport:
         if self.capture_report is not None:
             raise RuntimeError("graphs are already captured; the capture phase is over")
-        order = []
-        start = time.perf_counter()
-        with self.capture_phase():
-            for mode, keys in self.dispatcher.capture_keys():
-                for key in keys:
-                    graphs = self.capture_key(mode, key, self.graphs)
-                    if mode is PIECEWISE:
-                        self.piece_graphs[key.num_tokens] = graphs
-                    else:
-                        self.full_graphs[key] = graphs[0]
-                    order.append((mode.name, key.num_tokens))
-        self.graphs.close_capture_phase()
-        seconds = time.perf_counter() - start
-        counts = {"FULL": len(self.full_graphs), "PIECEWISE": sum(len(g) for g in self.piece_graphs.values())}
-        # What the graphs' pools hold. Not free device memory before minus after (vLLM's figure):
-        # the driver can hand back a block it kept, and free memory then does not move.
-        self.capture_report = CaptureReport(counts, seconds, self.graphs.pool_stats()["bytes"], tuple(order))
+        self.capture_report = self.strategy.capture()
         return self.capture_report
 
     @contextmanager
@@ -200,40 +154,6 @@ class ModelRunner:
         finally:
             if was_enabled:
                 gc.enable()
-
-    def capture_key(self, mode: CUDAGraphMode, key, graphs) -> list:
-        """The graphs of one key, captured with `graphs` after an eager warm-up on a batch of
-        padding rows: the pieces of a PIECEWISE size, or one FULL graph."""
-        plan = self.planner.dummy(mode, key)
-        self.stager.load(plan)
-        meta = self.stager.metadata(plan)
-        self.forward(meta)  # warm-up
-        if mode is PIECEWISE:
-            return self.capture_pieces(plan, meta, graphs)
-        return [self.capture_full(plan, meta, graphs)]
-
-    def capture_pieces(self, plan: StepPlan, meta, graphs) -> list:
-        n, pieces = plan.num_padded_tokens, self.model
-        ids, pos, attn = self.stager.input_ids[:n], self.stager.positions[:n], self.attn_buffer[:n]
-        inputs = self.graph_inputs(with_attention=True)
-        captured = [graphs.capture(lambda: pieces.first_piece(ids, pos), static_inputs=inputs,
-                                   name=f"PIECEWISE n={n} piece 0")]
-        for index in range(1, pieces.num_layers):
-            hidden = captured[-1].output[0]
-            captured.append(graphs.capture(lambda i=index, h=hidden: pieces.middle_piece(i, h, attn, pos),
-                                           static_inputs=inputs, name=f"PIECEWISE n={n} piece {index}"))
-        hidden = captured[-1].output[0]
-        captured.append(graphs.capture(lambda: pieces.last_piece(hidden, attn), static_inputs=inputs,
-                                       name=f"PIECEWISE n={n} piece {pieces.num_layers}"))
-        return captured
-
-    def capture_full(self, plan: StepPlan, meta, graphs):
-        staged = self.stager.stage(plan)
-
-        def step():  # the graph copies its inputs in itself (buffers.py)
-            self.stager.transfer(staged)
-            return self.forward(meta)
-        return graphs.capture(step, static_inputs=self.graph_inputs(), name=f"FULL {plan.key}")
 
     # -- the memory budget --------------------------------------------------------------------
     def fit_kv_cache(self, utilization: float) -> None:

@@ -46,15 +46,15 @@ class ReferenceCompile:
 
 
     def build(self, config):
-        from .runner import CompiledRunner
+        from .runner import compiled_runner
 
         base = runner_config(config)
-        runner = CompiledRunner(replace(base, graph_backend="cuda", policy=replace(base.policy, mode="NONE")))
+        runner = compiled_runner(replace(base, graph_backend="cuda", policy=replace(base.policy, mode="NONE")))
         requested = config.policy.mode
         resolved = "NONE" if requested == "NONE" else "FULL"
         runner.resolution = Resolution(requested, resolved, () if resolved == requested else (
             f"cudagraph_mode {requested} -> {resolved}: torch.compile graphs whole steps, lazily, per shape",))
         for message in runner.resolution.warnings:
             warnings.warn(message, stacklevel=2)
-        runner.graphs_enabled = resolved != "NONE"
+        runner.strategy.graphs_enabled = resolved != "NONE"
         return runner
