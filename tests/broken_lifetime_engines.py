@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from reference_runtime.engine.attention import BACKENDS
+from reference_runtime.engine.seams import Wrapped
 from reference_runtime.engine.plan import Planner
 from tests.broken_engines import mutant, with_seams
 
@@ -74,35 +75,37 @@ class _AcceptsEveryDraftPlanner(Planner):
         super().release(request_id)
 
 
-class _PersistentBatchAcceptsEveryDraftPlanner(Planner):
+class _PersistentBatchAcceptsEveryDraftPlanner(Wrapped):
     """A persistent batch that moves each kept row to the end of its last verify step, as if every
     draft were accepted, where the request's context_len says less: on the graph path (the only one
     that keeps rows), the step after a rejection writes past the rejected drafts and reads them."""
 
-    def update_persistent(self, requests, key, num_tokens):
-        kept, q = self.persistent, self.q
+    def plan(self, requests, captured):
+        inner = self.inner
+        kept, q = inner.persistent, inner.q
         starts = {} if kept is None else {id(owner): kept.positions[row * q] for row, owner in enumerate(kept.owners)}
-        plan = super().update_persistent(requests, key, num_tokens)
-        if plan is None or q == 1:
+        plan = inner.plan(requests, captured)
+        if kept is None or plan is not kept or q == 1:  # only the kept batch, updated in place, is edited
             return plan
         for row, request in enumerate(requests):
-            table = self.allocator.tables[request.request_id]
+            table = inner.allocator.tables[request.request_id]
             last_start = starts.get(id(table))
             if last_start is None or not last_start < request.context_len < last_start + q:
                 continue
             start = last_start + q  # where the row would be had every draft been accepted
-            if len(self.allocator.ensure(request.request_id, start + q)) != len(plan.block_tables[row]):
+            if len(inner.allocator.ensure(request.request_id, start + q)) != len(plan.block_tables[row]):
                 plan.block_tables[row], plan.table_revisions[row] = list(table), plan.revision
             for j in range(q):
                 plan.positions[row * q + j] = start + j
-                plan.slot_mapping[row * q + j] = self.allocator.slot(request.request_id, start + j)
+                plan.slot_mapping[row * q + j] = inner.allocator.slot(request.request_id, start + j)
             plan.seq_lens[row] = start + q
         return plan
 
 
 AcceptsEveryDraft = mutant("accepts-every-draft", "AcceptsEveryDraft", with_seams(planner=_AcceptsEveryDraftPlanner))
 PersistentBatchAcceptsEveryDraft = mutant("persistent-batch-accepts-every-draft", "PersistentBatchAcceptsEveryDraft",
-                                          with_seams(planner=_PersistentBatchAcceptsEveryDraftPlanner))
+                                          with_seams(planner=_PersistentBatchAcceptsEveryDraftPlanner.around(Planner)),
+                                          _PersistentBatchAcceptsEveryDraftPlanner.__doc__)
 
 MUTANTS = [WorkspaceFreedUnderGraphs, AcceptsEveryDraft, PersistentBatchAcceptsEveryDraft]
 for _mutant in MUTANTS:

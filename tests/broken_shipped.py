@@ -12,6 +12,7 @@ from harness.protocol import KVCacheFull
 from reference_runtime.engine.buffers import StaticBuffers
 from reference_runtime.engine.plan import FULL, NONE, Planner
 from reference_runtime.engine.attention import BACKENDS
+from reference_runtime.engine.strategy import CapturedGraphs
 from tests.broken_engines import _CapturesInService, _WindowFrozenAtCapture, mutant, with_seams
 
 
@@ -149,14 +150,16 @@ class _RefusesWithAnyErrorPlanner(Planner):
 
 
 # -- the moved-input test's causes ----------------------------------------------------------------
-class _LazyKeyMissesTheContext(_CapturesInService):
-    """Declares lazy_capture; each graph is recorded the first time a step needs it and keyed by
-    the step's padded size alone, while its attention sizes the context window from the longest
-    context of the recorded step (a host value the graph keeps): a later step of that size with a
-    longer context replays a graph too short for it, moved inputs or not."""
-
-    def __init__(self, config, **seams):
-        super().__init__(config, backends={**BACKENDS, "static": _WindowFrozenAtCapture}, **seams)
+LAZY_KEY_MISSES_THE_CONTEXT_DOC = """Declares lazy_capture; each graph is recorded the first time a step needs
+it and keyed by the step's padded size alone, while its attention sizes the context window from the
+longest context of the recorded step (a host value the graph keeps): a later step of that size with
+a longer context replays a graph too short for it, moved inputs or not."""
+# Declares lazy_capture; each graph is recorded the first time a step needs it (_CapturesInService)
+# and keyed by the step's padded size alone, while its attention sizes the context window from the
+# longest context of the recorded step (_WindowFrozenAtCapture, a host value the graph keeps): a
+# later step of that size with a longer context replays a graph too short for it, moved inputs or not.
+_LAZY_KEY_MISSES_THE_CONTEXT = with_seams(backends={**BACKENDS, "static": _WindowFrozenAtCapture},
+                                          strategy=_CapturesInService.around(CapturedGraphs))
 
 
 StaleRequestRows = mutant("stale-request-rows", "StaleRequestRows", with_seams(stager=StaleRequestRowsStager),
@@ -181,8 +184,8 @@ DummyFreesABorrowedBlock = mutant("dummy-frees-a-borrowed-block", "DummyFreesABo
                                   _DummyFreesABorrowedBlockPlanner.__doc__)
 RefusesWithAnyError = mutant("refuses-with-any-error", "RefusesWithAnyError",
                              with_seams(planner=_RefusesWithAnyErrorPlanner), _RefusesWithAnyErrorPlanner.__doc__)
-LazyKeyMissesTheContext = mutant("lazy-key-misses-the-context", "LazyKeyMissesTheContext", _LazyKeyMissesTheContext,
-                                 lazy_capture=True)
+LazyKeyMissesTheContext = mutant("lazy-key-misses-the-context", "LazyKeyMissesTheContext", _LAZY_KEY_MISSES_THE_CONTEXT,
+                                 LAZY_KEY_MISSES_THE_CONTEXT_DOC, lazy_capture=True)
 
 MUTANTS = [StaleRequestRows, StaleRequestLengths, SeqLensBeforeTheStep, QueryStartsCountTheContext,
            QueryStartsPaddedWithMinusOne, LazyPaddingDummy,
