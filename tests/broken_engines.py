@@ -220,12 +220,12 @@ class _RowsKeepTheirTablesOnEveryPathPlanner(Wrapped):
         self.row_tables: list[list[int]] = []
 
     def plan(self, requests, captured):
-        return self._keep_tables(requests, self.inner.plan(requests, captured))
+        return self.keep_tables(requests, self.inner.plan(requests, captured))
 
     def plan_eager(self, requests, num_padded_tokens):
-        return self._keep_tables(requests, self.inner.plan_eager(requests, num_padded_tokens))
+        return self.keep_tables(requests, self.inner.plan_eager(requests, num_padded_tokens))
 
-    def _keep_tables(self, requests, plan):
+    def keep_tables(self, requests, plan):
         if not requests:
             return plan
         kept, new = self.row_tables, plan.block_tables

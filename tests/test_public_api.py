@@ -91,3 +91,13 @@ def test_the_version_is_semantic_and_the_changelog_has_it():
     assert f"## [{harness.__version__}]" in changelog
     for old in moved.MOVED:
         assert f"`{old}`" in changelog, f"CHANGELOG.md does not name the move of {old}"
+
+
+def test_the_block_books_old_module_still_gives_its_names_with_a_deprecation():
+    """0.2.0's harness.block_book (BlockBook, Live) moved to harness.kit.block_book in 0.3.0."""
+    from harness.kit import block_book as kit_book
+
+    sys.modules.pop("harness.block_book", None)
+    with pytest.warns(DeprecationWarning, match="harness.kit.block_book"):
+        old = importlib.import_module("harness.block_book")
+    assert old.BlockBook is kit_book.BlockBook and old.Live is kit_book.Live
