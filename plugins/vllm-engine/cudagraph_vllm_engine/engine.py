@@ -188,15 +188,21 @@ class VllmEngine(ScheduledEngine):
         import torch
 
         self.executor.execute_model(output)
-        state = self.runner.execute_model_state
+        state = getattr(self.runner, "execute_model_state", None)
         if state is None:
-            raise EngineError("vLLM's model runner left no execute_model_state after execute_model")
-        rows = self._rows(state.input_batch, planned)
+            raise EngineError(f"vLLM's {self.runner_name} model runner left no execute_model_state after execute_model")
+        rows = self._rows(self.batch_of(state), planned)
         with torch.inference_mode():
             index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
             logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
         sampled = self.executor.sample_tokens(None)
         return logits, state, rows, sampled
+
+    runner_name = "V2"
+
+    def batch_of(self, state):
+        """What holds the step's request order and query starts: V2's input batch of the step."""
+        return state.input_batch
 
     def check_step(self, record, planned, output, ran) -> int:
         logits, state, rows, sampled = ran

@@ -138,19 +138,11 @@ class VllmV1Engine(VllmEngine):
         self.observer.expect(sum(q.num_new for q in planned))
         return self._scheduler_output(planned)
 
-    def forward(self, planned, output):
-        import torch
+    runner_name = "V1"
 
-        self.executor.execute_model(output)
-        state = getattr(self.runner, "execute_model_state", None)
-        if state is None:
-            raise EngineError("vLLM's V1 model runner left no execute_model_state after execute_model")
-        rows = self._rows(self.runner, planned)
-        with torch.inference_mode():
-            index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
-            logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
-        sampled = self.executor.sample_tokens(None)
-        return logits, state, rows, sampled
+    def batch_of(self, state):
+        """The V1 runner keeps the step's request order and query starts on itself (its persistent batch)."""
+        return self.runner
 
     def check_step(self, record, planned, output, ran) -> int:
         logits, _, rows, sampled = ran
