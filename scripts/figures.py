@@ -122,7 +122,8 @@ def nightly_section(doc: Path, root: Path) -> str:
          each(lambda f: f"{100 * f['noise']['median']:.1f}%"),
          over(lambda f: f["noise"]["median"] and 100 * f["noise"]["median"], "{:.1f}", "%")],
     ]
-    lines = [f"Newest nightly: {new['date']} ({link(doc, summary, 'its summary')}); the range is over the "
+    lines = [f"Newest nightly: {new['date']}, of the code at {new['code'][:7]} ({link(doc, summary, 'its summary')}; "
+             "later commits are not in these figures); the range is over the "
              f"{len(runs)} committed nightlies since "
              f"{runs[0]['date']} ({link(doc, root / nightly.HISTORY, 'history')}). Timings on a lent H200 move with "
              "its host between runs.", "",
@@ -142,7 +143,7 @@ def spec_section(doc: Path, root: Path) -> str:
         rows.append(f"| {b} | {eager:.2f} ms | {replay:.2f} ms | {eager / replay:.1f}x | {spread(ratios, '{:.1f}', 'x')} |")
     source = link(doc, root / nightly.NIGHTLY / "bench-small" / "conformance-reference.md", "the newest nightly's `small` lane")
     return "\n".join([
-        f"From {source} ({runs[-1]['date']}; an 8-layer decoder, d = 512, bf16): the eager step against the "
+        f"From {source} ({runs[-1]['date']}, of the code at {runs[-1]['code'][:7]}; an 8-layer decoder, d = 512, bf16): the eager step against the "
         f"device time of the FULL graph's replay, with the range of the ratio over the {len(runs)} committed "
         f"nightlies ({link(doc, root / nightly.HISTORY, 'history')}).", "",
         "| batch B | eager step | graph replay | eager / graph | range over the nightlies |", "|---|---|---|---|---|",
