@@ -41,6 +41,11 @@ NOT_APPLICABLE = pytest.StashKey[dict]()  # the tests --only-declared deselected
 NOT_APPLICABLE_KEY = "cudagraph_not_applicable"  # the same, in an xdist worker's workeroutput
 
 
+def ended_count(tests) -> int:
+    """Tests that ended: neither still running, nor stopped by Ctrl-C, nor left unrun."""
+    return sum(r["outcome"] not in ("running", "interrupted", "not run") for r in tests)
+
+
 class ReportDirError(Exception):
     """--report-dir names something that cannot hold the report."""
 
@@ -226,6 +231,9 @@ class RunReport:
             terminalreporter.write_line(coverage.describe(self.runtime.name, change), yellow=True)
         if self.written:
             terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in self.written)}")
+        if self.interrupted:
+            terminalreporter.write_line(f"cudagraph-conformance: stopped by Ctrl-C {self._how_far()}; the report "
+                                        "says complete: false", yellow=True)
         if self.plots:
             terminalreporter.write_line(f"plots: {', '.join(str(p) for p in self.plots)}")
         if not self.baseline_runs:
@@ -293,7 +301,7 @@ class RunReport:
             # session with another status, so the count is the word that counts
             "complete": self.finished and not self.interrupted and len(tests) >= (self.collected or 0)
                         and all(r["outcome"] not in ("running", "interrupted") for r in tests),
-            "tests_ended": sum(r["outcome"] not in ("running", "interrupted", "not run") for r in tests),
+            "tests_ended": ended_count(tests),
             "summary": dict(counts),
             "collected": self.collected,
             "not_applicable": self.not_applicable,
@@ -301,6 +309,12 @@ class RunReport:
             "coverage_changes": coverage.changes(runtime.capabilities, tests),
             "tests": tests,
         }
+
+    def _how_far(self) -> str:
+        if self.collected is None:
+            return "while the tests were collected, before any ran"
+        ended = ended_count(map(self._as_ended, self.results.values()))
+        return f"after {ended} of {self.collected} collected tests ended"
 
     def _as_ended(self, entry: dict) -> dict:
         """A test with phases still to come: running now, or interrupted when the run was stopped."""
