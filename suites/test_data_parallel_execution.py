@@ -80,6 +80,18 @@ class RankBatches:
     def advance(self, requests: list[Request]) -> None:
         advance(self.seqs, requests)
 
+    def make_room(self, requests: list[Request]) -> set[int]:
+        """The oldest live requests this batch leaves out, to release before it runs so that at
+        most MAX_NUM_SEQS are live (a real scheduler never seats more)."""
+        live = [s.request_id for s in self.seqs]
+        stepped = {r.request_id for r in requests}
+        over = len(set(live) | stepped) - MAX_NUM_SEQS
+        retired = {i for i in live if i not in stepped}
+        retired = set(sorted(retired, key=live.index)[:max(0, over)])
+        self.seqs = [s for s in self.seqs if s.request_id not in retired]
+        self.started -= retired
+        return retired
+
 
 class DataParallelRun:
     """The ranks' engines for this module's tests, and the checks of one step."""
@@ -120,6 +132,9 @@ class DataParallelRun:
             for index, specs in enumerate(steps):
                 batches = [rank.batch(*specs[r % len(specs)]) for r, rank in enumerate(ranks)]
                 case = f"step {index} of {len(steps)} under {mode}"
+                retired = [rank.make_room(batch) for rank, batch in zip(ranks, batches)]
+                if any(retired):
+                    pool.release(built, retired)
                 try:
                     ran = pool.step(built, index, batches, self.kv)
                 except distributed.RankFailure as failure:

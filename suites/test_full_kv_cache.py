@@ -17,10 +17,10 @@ same runtime, and transformers' forward.
 import pytest
 
 from harness.expectations import kv
-from harness.protocol import KVCacheFull
+from harness.protocol import KVCacheFull, Request
 from harness.reliability.safe import describe_exception
 from harness.scenarios import full_cache
-from harness.scenarios.batches import advance, decode_requests, describe_batch, padded_counts
+from harness.scenarios.batches import advance, decode_requests, describe_batch, padded_counts, prompt
 from harness.vocabulary import CONFIG_MODES, EAGER, INDEPENDENT_FORWARD, OBSERVED
 
 INVARIANT = "a full KV cache"
@@ -28,10 +28,11 @@ pytestmark = pytest.mark.requires("execution", "kv_inspection", "input_inspectio
 DECLARED = "the protocol: a step refused for lack of KV blocks raises KVCacheFull (harness.protocol)"
 
 
-def fill(check, engines, engine, block_size: int, decoders: int, held_before: int | None = None) -> full_cache.Filled:
+def fill(check, engines, engine, block_size: int, decoders: int, kv_tokens: int,
+         held_before: int | None = None) -> full_cache.Filled:
     """Every block taken; the refusal that ended the fill checked, and kv_tokens held (after a
     serving run, `held_before`: as many blocks as the first fill took)."""
-    most = 4 * -(-engines.kv_tokens // block_size) + decoders
+    most = 4 * -(-kv_tokens // block_size) + decoders
     filled = full_cache.fill(engine, engines.new_id, block_size, engine.policy.max_num_batched_tokens,
                              engines.max_model_len, decoders, most)
     if filled.refusal is None:
@@ -39,29 +40,59 @@ def fill(check, engines, engine, block_size: int, decoders: int, held_before: in
         check.skip(f"holds more than {most} blocks of {block_size} tokens, four times kv_tokens: not filled here")
     if isinstance(filled.refusal, ValueError):  # a step it could never serve: more live requests than it seats
         full_cache.release(engine, filled)
-        check.skip(f"cannot fill its KV cache with the requests it serves at once: {describe_exception(filled.refusal)}")
+        check.skip(f"cannot fill its KV cache of {kv_tokens} tokens with the requests it serves at once "
+                   f"(it keeps more than max_num_seqs blocks besides): {describe_exception(filled.refusal)}")
     if held_before is not None:
         check.equal(filled.blocks, held_before, source="the blocks the same engine held before the serving run",
                     what="blocks that fit again after padded steps on a full cache, every request released")
     check.that(isinstance(filled.refusal, KVCacheFull), source=DECLARED,
                what="the step that found the KV cache full was refused with another error",
                error=describe_exception(filled.refusal), blocks_held=filled.blocks)
-    check.that(filled.blocks * block_size >= engines.kv_tokens, source="the configured kv_tokens",
+    check.that(filled.blocks * block_size >= kv_tokens, source="the configured kv_tokens",
                what=f"the engine refused a block with {filled.blocks * block_size} tokens held, fewer than the "
-                    f"{engines.kv_tokens} it was built to hold", blocks_held=filled.blocks, block_size=block_size)
+                    f"{kv_tokens} it was built to hold", blocks_held=filled.blocks, block_size=block_size)
     check.that(len(filled.decoders) == decoders, source=OBSERVED,
                what="the cache was full before the requests that decode were admitted", admitted=len(filled.decoders))
     return filled
 
 
+def block_size_of(engines, engine) -> int | None:
+    """The engine's KV block size, from the inputs of one step of a request released after it."""
+    request_id = engines.new_id()
+    engine.step([Request(request_id, prompt(request_id, 1), 0)])
+    engine.release(request_id)
+    return engine.last_step_inputs().block_size
+
+
+def fillable(seats: int, blocks_per_filler: int) -> tuple[int, int] | None:
+    """(decoders, KV blocks) of a cache the seats can fill, whatever an engine keeps apart from 1
+    block (the reference's) to `seats + 1` (vLLM's null block, LMDeploy's padding block, and a partly
+    filled block a request): blocks enough to admit the decoders (one each) beside one filler, and
+    the seats the decoders leave holding more than the cache and what is kept apart. The most
+    decoders that allow it; None where none do."""
+    for decoders in range(seats - 1, 0, -1):
+        if (seats - decoders - 1) * blocks_per_filler >= seats + 2:
+            return decoders, decoders + blocks_per_filler
+    return None
+
+
 @pytest.mark.parametrize("mode", [m for m in CONFIG_MODES if m != "NONE"])
 def test_padded_graph_steps_on_a_full_cache(check, engines, mode):
-    engine = engines.for_mode(mode)
-    block_size = engine.last_step_inputs().block_size
+    block_size = block_size_of(engines, engines.for_mode(mode))
     if not block_size:
         check.skip("does not expose its KV block size (StepInputs.block_size): the fill cannot count blocks")
-    counts = padded_counts(engines.runtime, engine.policy, engine.policy.max_num_seqs - 1)[: block_size - 1]
-    filled = fill(check, engines, engine, block_size, max(counts))
+    seats = engines.for_mode(mode).policy.max_num_seqs
+    cache = fillable(seats, engines.max_model_len // block_size)
+    if cache is None:
+        check.skip(f"max_model_len {engines.max_model_len} holds fewer than two blocks of {block_size} tokens: "
+                   f"{seats} requests cannot fill a KV cache beside the blocks an engine keeps apart")
+    decoders, blocks = cache
+    kv_tokens = blocks * block_size
+    engine = engines.for_mode(mode, kv_tokens=kv_tokens)
+    counts = padded_counts(engines.runtime, engine.policy, decoders)[: block_size - 1]
+    if not counts:
+        check.skip(f"no batch of at most {decoders} decodes runs padded under its policy")
+    filled = fill(check, engines, engine, block_size, max(counts), kv_tokens)
     caps = engines.runtime.capabilities
     anchor = engines.anchor() if caps.loads_checkpoint else None
     tolerance = anchor.tolerance(caps.precision, engines.preset) if anchor else None
@@ -93,6 +124,7 @@ def test_padded_graph_steps_on_a_full_cache(check, engines, mode):
                             f"{tolerance.explain()}", largest_difference=difference)
         advance(filled.decoders, requests)
     full_cache.release(engine, filled)
-    full_cache.release(engine, fill(check, engines, engine, block_size, max(counts), held_before=filled.blocks))
+    full_cache.release(engine, fill(check, engines, engine, block_size, max(counts), kv_tokens,
+                                    held_before=filled.blocks))
     check.that(padded > 0 or bool(refused), source=OBSERVED, refused=refused,
                what="none of the decode batches chosen to be padded ran padded on the full cache")

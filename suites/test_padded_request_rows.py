@@ -25,6 +25,12 @@ FIELDS = ("seq_lens", "query_start_loc", "block_tables")
 SENT = "the requests the harness sent"
 
 
+def seated(engine) -> list[int]:
+    """The prompt lengths of the requests kept live, leaving seats under max_num_seqs for the
+    request that joins a mixed batch and the stranger of another history."""
+    return LENGTHS[: max(1, engine.policy.max_num_seqs - 2)]
+
+
 def exposed(check, inputs):
     """The request-row fields the runtime exposes; a skip naming why where it exposes none."""
     shown = [name for name in FIELDS if getattr(inputs, name, None) is not None]
@@ -103,7 +109,8 @@ def test_request_rows_are_right_and_padded_rows_neutral(check, engines, mode):
     """Padded uniform and mixed batches after three different histories: real rows right, padded
     rows neutral and the same after each history."""
     engine = engines.for_mode(mode)
-    seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
+    lengths = seated(engine)
+    seqs = prefill(engine, [engines.new_id() for _ in lengths], lengths)
     exposed(check, engine.last_step_inputs())
     for n in padded_counts(engines.runtime, engine.policy, len(seqs)):
         batches = [(decode_requests(seqs[:n]), None)]
@@ -134,7 +141,8 @@ def test_request_rows_are_right_and_padded_rows_neutral(check, engines, mode):
 def test_unpadded_and_eager_steps_stage_right_rows(check, engines, mode):
     """Every mode, a prefill and a decode step: the real rows right wherever the step ran."""
     engine = engines.get(mode="NONE", capture=False) if mode == "NONE" else engines.for_mode(mode)
-    seqs = prefill(engine, [engines.new_id() for _ in LENGTHS[:3]], LENGTHS[:3])
+    lengths = seated(engine)[:3]
+    seqs = prefill(engine, [engines.new_id() for _ in lengths], lengths)
     exposed(check, engine.last_step_inputs())
     for requests in (decode_requests(seqs), mixed_requests(seqs[:2], [engines.new_id()], [4])):
         out = engine.step(requests)

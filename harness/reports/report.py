@@ -232,7 +232,7 @@ class RunReport:
         if self.written:
             terminalreporter.write_line(f"conformance report: {', '.join(str(p) for p in self.written)}")
         if self.interrupted:
-            terminalreporter.write_line(f"cudagraph-conformance: stopped by Ctrl-C {self._how_far()}; the report "
+            terminalreporter.write_line(f"cudagraph-conformance: the run stopped early {self._how_far()}; the report "
                                         "says complete: false", yellow=True)
         if self.plots:
             terminalreporter.write_line(f"plots: {', '.join(str(p) for p in self.plots)}")

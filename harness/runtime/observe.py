@@ -302,7 +302,7 @@ class EngineFactory:
         return self._anchor
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
-               max_num_batched_tokens=None, max_model_len=None) -> EngineConfig:
+               max_num_batched_tokens=None, max_model_len=None, kv_tokens=None) -> EngineConfig:
         """The engine the suites ask for; with no attention named, the strongest one declared."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
@@ -312,7 +312,7 @@ class EngineFactory:
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
-                            max_model_len=max_model_len or self.max_model_len, kv_tokens=self.kv_tokens,
+                            max_model_len=max_model_len or self.max_model_len, kv_tokens=kv_tokens or self.kv_tokens,
                             checkpoint=self.checkpoint())
 
     def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
