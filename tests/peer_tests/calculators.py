@@ -4,7 +4,10 @@ vLLM 0.33 is answered by the policy calculator (`reference_runtime.policy`, what
 `python -m reference_runtime` prints). vLLM 0.25 by the same calculator where it takes a release
 (resolution; the settings before it are the same in both), and by the harness's oracle for sizes,
 keys and dispatch, the one model of 0.25's sizes and graph search (docs/spec.md section 11).
-A broken calculator in the self-tests (tests/broken_calculators.py) replaces one method.
+SGLang's and LMDeploy's tests are answered by the plugins' own restatements of their engines'
+rules (`cudagraph_sglang_policy.runtime`'s runner rules, `cudagraph_lmdeploy_engine.policy`), which
+import neither engine. A broken calculator in the self-tests (tests/broken_calculators.py) replaces
+one method.
 """
 from __future__ import annotations
 
@@ -150,4 +153,51 @@ class Calculator025(Calculator):
         return found.runtime_mode, asdict(found.descriptor)
 
 
-CALCULATORS = {"0.33": Calculator, "0.25": Calculator025}
+class SglangCalculator:
+    """SGLang 0.5.23's runner rules as the sglang-policy plugin restates them (its `_prefill`, `_decode`)."""
+
+    release = "sglang-0.5.23"
+
+    def graphs(self, graphs: dict):
+        from cudagraph_sglang_policy.runtime import Graphs
+
+        return Graphs(q=graphs.get("q", 1), decode_mode=graphs.get("decode_mode", "FULL"),
+                      capture_bs=tuple(graphs.get("capture_bs", (1,))), prefill_mode=graphs["prefill_mode"],
+                      prefill_tokens=tuple(graphs["prefill_tokens"]), prefill_slots=graphs.get("prefill_slots"))
+
+    def prefill(self, graphs: dict, num_tokens: int, num_reqs: int) -> tuple[str, int | None]:
+        """(runtime mode, the graph's token count or None) for an extend batch."""
+        from cudagraph_sglang_policy.runtime import _prefill
+
+        found = _prefill(self.graphs(graphs), num_tokens, num_reqs)
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+
+
+class LmdeployCalculator:
+    """LMDeploy 0.18.0's capture batch sizes as the lmdeploy-engine plugin's policy restates them."""
+
+    release = "lmdeploy-0.18.0"
+
+    def __init__(self):
+        from cudagraph_lmdeploy_engine import policy as lmdeploy
+
+        self.lmdeploy = lmdeploy
+        self.policy = lmdeploy.LmdeployPolicy()
+
+    def config(self, config: dict) -> protocol.PolicyConfig:
+        return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes"))})
+
+    def capture_sizes(self, config: dict) -> list[int]:
+        return self.policy.capture_sizes(self.config(config))
+
+    def user_sizes(self, sizes: list, max_batch_size: int) -> list[int]:
+        return self.lmdeploy.user_batch_sizes(sizes, max_batch_size)
+
+    def dispatch(self, config: dict, batch_size: int) -> tuple[str, int | None]:
+        """A decode batch of batch_size requests, one token each: (runtime mode, graph size or None)."""
+        found = self.policy.dispatch(self.config(config), batch_size, batch_size, True)
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+
+
+CALCULATORS = {"0.33": Calculator, "0.25": Calculator025, SglangCalculator.release: SglangCalculator,
+               LmdeployCalculator.release: LmdeployCalculator}
