@@ -8,7 +8,7 @@ catch them (`peer_release`).
 from __future__ import annotations
 
 from reference_runtime import policy
-from tests.peer_tests.calculators import Calculator, LmdeployCalculator, SglangCalculator
+from tests.peer_tests.calculators import Calculator, Calculator025, LmdeployCalculator, SglangCalculator
 
 
 class FoldsPiecewiseCaptureIntoSplitting(Calculator):
@@ -110,6 +110,15 @@ class DecodeGraphsOfOneQ(Calculator):
         return super().dispatch(static, num_tokens, num_reqs, uniform, allowed_modes)
 
 
+class Decode025GraphsOfOneQ(Calculator025):
+    """vLLM 0.25 under a dynamic speculative schedule with decode graphs for the config's q alone."""
+
+    peer_release = "0.25"
+
+    def _decode_lens(self, config):
+        return None
+
+
 class LmdeployMaxNotAppended(LmdeployCalculator):
     """User-given batch sizes taken as given: a batch between the largest and max_batch_size has no graph."""
 
@@ -160,6 +169,8 @@ CATCHES = {
     SizesForTheWidestSpeculationOnly: ["test_dynamic_decode_capture_covers_schedule_gap_and_tail"],
     DecodeGraphsOfOneQ: ["test_dynamic_sd_full_cudagraph_covers_all_uniform_decode_shapes",
                          "test_dynamic_sd_only_captures_scheduled_query_lengths"],
+    Decode025GraphsOfOneQ: ["test_dynamic_sd_full_cudagraph_covers_all_uniform_decode_shapes",
+                            "test_dynamic_sd_only_captures_scheduled_query_lengths"],
     LmdeployMaxNotAppended: ["test_custom_capture_batch_sizes_include_max_batch_size",
                              "test_cache_config_normalizes_capture_batch_sizes",
                              "test_graph_runner_defensively_normalizes_capture_batch_sizes"],

@@ -122,34 +122,48 @@ class Calculator:
 
 
 class Calculator025(Calculator):
-    """vLLM 0.25: resolution by the calculator's 0.25 rules; sizes, keys and dispatch by the oracle."""
+    """vLLM 0.25: resolution by the calculator's 0.25 rules; sizes, keys and dispatch by the oracle
+    (under a dynamic speculative schedule, with 0.25's decode graphs of every scheduled q)."""
 
     release = "0.25"
 
     def _oracle_config(self, config: dict) -> protocol.PolicyConfig:
+        config = {k: v for k, v in config.items() if k != "speculative_schedule"}  # the oracle takes its q apart
         return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes")),
                                         "vllm_version": self.release})
+
+    def decode_query_lens(self, config: dict) -> list[int]:
+        """The q of every decode graph: under a dynamic speculative schedule, 0.25's every scheduled q."""
+        return list(self._decode_lens(config) or (1 + config.get("num_speculative_tokens", 0),))
+
+    def _decode_lens(self, config: dict) -> tuple[int, ...] | None:
+        schedule = config.get("speculative_schedule")
+        return None if schedule is None else oracle.speculative_decode_query_lens(schedule)
+
+    def _graph_keys(self, config: dict) -> dict:
+        return oracle.graph_keys(self._oracle_config(config), self._decode_lens(config))
 
     def capture_sizes(self, config: dict) -> list[int]:
         return oracle.capture_sizes(self._oracle_config(config))
 
     def key_counts(self, config: dict) -> dict[str, int]:
-        return {mode: len(keys) for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
+        return {mode: len(keys) for mode, keys in self._graph_keys(config).items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode: {k.num_tokens for k in keys} for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
+        return {mode: {k.num_tokens for k in keys} for mode, keys in self._graph_keys(config).items()}
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
         if not initialized:
             return []
-        keys = oracle.graph_keys(self._oracle_config(config))
+        keys = self._graph_keys(config)
         return [(mode, [asdict(k) for k in sorted(keys[mode], key=lambda k: -k.num_tokens)])
                 for mode in ("PIECEWISE", "FULL") if keys[mode]]
 
     def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(allowed_modes or protocol.RUNTIME_MODES)
-        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed)
+        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed,
+                                self._decode_lens(config))
         return found.runtime_mode, asdict(found.descriptor)
 
 

@@ -151,7 +151,8 @@ def _dispatch(calc: Calculator, case: dict) -> list[str]:
     if "query_len_sweep" in case:  # every request count at every q up to the largest: FULL where a graph has that q
         sweep = case["query_len_sweep"]
         lens = calc.decode_query_lens(config)
-        for reqs in range(1, sweep["max_reqs"] + 1):
+        most, stride = sweep["max_reqs"], sweep.get("stride", 1)
+        for reqs in sorted(set(range(1, most + 1, stride)) | {most}):
             for query_len in range(1, q + 1):
                 tokens, full = reqs * query_len, query_len in sweep["full_for"]
                 key = {"num_tokens": tokens, "num_reqs": reqs if full else None, "uniform": full, "num_active_loras": 0}
