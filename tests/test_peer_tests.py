@@ -5,7 +5,7 @@ calculator and the plugins' restatements (tests/peer_tests/, docs/spec.md sectio
   every translated case of SGLang 0.5.23's and LMDeploy 0.18.0's with the plugin's policy.
 - The data is well formed: every case translated (with a question the runner knows) or not
   modelled with a reason; a release holds only files that release has.
-- A calculator that gets one fact wrong is caught by the vLLM tests named for it
+- A calculator (or a plugin restatement) that gets one fact wrong is caught by the engine tests named for it
   (tests/broken_calculators.py).
 - The committed report (reports/peer-tests/) is what the data renders to now.
 """
@@ -53,7 +53,7 @@ def test_the_checker_reports_a_disagreement_in_one_line_each():
 
 
 @pytest.mark.parametrize("broken", list(broken_calculators.CATCHES), ids=lambda b: b.__name__)
-def test_a_broken_calculator_is_caught_by_the_vllm_tests_named_for_it(broken):
+def test_a_broken_calculator_is_caught_by_the_engine_tests_named_for_it(broken):
     named = broken_calculators.CATCHES[broken]
     caught = set()
     release = getattr(broken, "peer_release", "0.33")

@@ -30,7 +30,7 @@ SEARCHED = {
     "lmdeploy-0.18.0": [
         "LMDeploy has no unit test of its default capture list (`_get_capture_batch_size_impl`): `git grep` of "
         "`tests/` for `capture_batch_size`, `_get_capture_tokens` and `cudagraph_capture` finds only the two files "
-        "below (and a stub in `tests/pytorch/spec_decode/test_spec_agent.py`), so the default list has no case.",
+        "in the table (and a stub in `tests/pytorch/spec_decode/test_spec_agent.py`), so the default list has no case.",
     ],
 }
 
