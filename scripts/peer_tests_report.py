@@ -1,4 +1,4 @@
-"""Render reports/peer-tests/ from a run of vLLM's own policy tests against the calculator.
+"""Render reports/peer-tests/ from a run of vLLM's, SGLang's and LMDeploy's own policy tests against ours.
 
     python scripts/peer_tests_report.py            # writes reports/peer-tests/peer-tests.{md,json}
 

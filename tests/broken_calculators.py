@@ -1,12 +1,14 @@
 """Calculators that each get one fact of vLLM's graph policy wrong, the way a plausible bug would.
 
 tests/test_peer_tests.py runs vLLM's own unit tests (tests/peer_tests/) against each and names the
-vLLM tests that must catch it. Each replaces one answer of the calculator for vLLM 0.33.
+vLLM tests that must catch it. Each replaces one answer of the calculator for vLLM 0.33; those named
+for SGLang or LMDeploy replace one answer of the plugin's restatement and say which release's tests
+catch them (`peer_release`).
 """
 from __future__ import annotations
 
 from reference_runtime import policy
-from tests.peer_tests.calculators import Calculator
+from tests.peer_tests.calculators import Calculator, Calculator025, LmdeployCalculator, SglangCalculator
 
 
 class FoldsPiecewiseCaptureIntoSplitting(Calculator):
@@ -108,6 +110,48 @@ class DecodeGraphsOfOneQ(Calculator):
         return super().dispatch(static, num_tokens, num_reqs, uniform, allowed_modes)
 
 
+class Decode025GraphsOfOneQ(Calculator025):
+    """vLLM 0.25 under a dynamic speculative schedule with decode graphs for the config's q alone."""
+
+    peer_release = "0.25"
+
+    def _decode_lens(self, config):
+        return None
+
+
+class LmdeployMaxNotAppended(LmdeployCalculator):
+    """User-given batch sizes taken as given: a batch between the largest and max_batch_size has no graph."""
+
+    peer_release = LmdeployCalculator.release
+
+    def capture_sizes(self, config):
+        given = set(config.get("capture_sizes") or ())
+        return [s for s in super().capture_sizes(config) if s in given]
+
+
+class LmdeployKeepsSizesAboveTheMax(LmdeployCalculator):
+    """User-given sizes above max_batch_size kept instead of dropped (and a list of only those accepted)."""
+
+    peer_release = LmdeployCalculator.release
+
+    def user_sizes(self, sizes, max_batch_size):
+        over = [s for s in sizes if isinstance(s, int) and s > max_batch_size]
+        return sorted(set(super().user_sizes(sizes, max(over, default=max_batch_size))))
+
+
+class SglangPrefillPadsWithoutLimit(SglangCalculator):
+    """Extend batches replay the smallest bucket that holds them however much it pads (no 2x limit)."""
+
+    peer_release = SglangCalculator.release
+
+    def prefill(self, graphs, num_tokens, num_reqs):
+        mode, graph = super().prefill(graphs, num_tokens, num_reqs)
+        buckets = sorted(graphs["prefill_tokens"])
+        if mode == "NONE" and num_tokens <= buckets[-1]:
+            return graphs["prefill_mode"], min(b for b in buckets if b >= num_tokens)
+        return mode, graph
+
+
 # broken calculator -> vLLM tests (as the peer data names them, any parameter) that must catch it
 CATCHES = {
     FoldsPiecewiseCaptureIntoSplitting: ["test_resolve_cudagraph_mode_uses_loaded_piecewise_provider"],
@@ -125,4 +169,11 @@ CATCHES = {
     SizesForTheWidestSpeculationOnly: ["test_dynamic_decode_capture_covers_schedule_gap_and_tail"],
     DecodeGraphsOfOneQ: ["test_dynamic_sd_full_cudagraph_covers_all_uniform_decode_shapes",
                          "test_dynamic_sd_only_captures_scheduled_query_lengths"],
+    Decode025GraphsOfOneQ: ["test_dynamic_sd_full_cudagraph_covers_all_uniform_decode_shapes",
+                            "test_dynamic_sd_only_captures_scheduled_query_lengths"],
+    LmdeployMaxNotAppended: ["test_custom_capture_batch_sizes_include_max_batch_size",
+                             "test_cache_config_normalizes_capture_batch_sizes",
+                             "test_graph_runner_defensively_normalizes_capture_batch_sizes"],
+    LmdeployKeepsSizesAboveTheMax: ["test_invalid_capture_batch_sizes_raise"],
+    SglangPrefillPadsWithoutLimit: ["test_rejects_more_than_two_x_token_padding"],
 }

@@ -11,6 +11,7 @@ spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules, a
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import replace
 from functools import lru_cache
 
@@ -97,18 +98,29 @@ def lora_cases(config: PolicyConfig) -> list[int]:
     return [0] + sorted(set(powers) | {everything})
 
 
-def graph_keys(config: PolicyConfig) -> dict[str, set[Descriptor]]:
-    """Every key each runtime mode should hold: {"FULL": {...}, "PIECEWISE": {...}}."""
-    return {mode: set(keys) for mode, keys in _graph_keys(config).items()}
+def graph_keys(config: PolicyConfig, decode_query_lens: tuple[int, ...] | None = None) -> dict[str, set[Descriptor]]:
+    """Every key each runtime mode should hold: {"FULL": {...}, "PIECEWISE": {...}}.
+
+    decode_query_lens: the q of every uniform-decode graph where there are several (vLLM 0.25's
+    dynamic speculative decoding: `speculative_decode_query_lens`); None is the config's one q."""
+    return {mode: set(keys) for mode, keys in _graph_keys(config, decode_query_lens).items()}
+
+
+def speculative_decode_query_lens(schedule, new_tokens_per_step: int = 1) -> tuple[int, ...]:
+    """vLLM 0.25's V2 CudaGraphManager._init_candidates under dynamic speculative decoding: a
+    uniform-decode q for every (first, last, speculative tokens) entry of the schedule, its count
+    plus the tokens a step samples anew, whatever batch sizes the entry covers."""
+    return tuple(sorted({tokens + new_tokens_per_step for _, _, tokens in schedule}))
 
 
 @lru_cache(maxsize=1024)
-def _graph_keys(config: PolicyConfig) -> dict[str, frozenset[Descriptor]]:
+def _graph_keys(config: PolicyConfig, decode_query_lens: tuple[int, ...] | None = None) -> dict[str, frozenset[Descriptor]]:
     mode, q, seqs = config.mode, config.query_len, config.max_num_seqs
     keys: dict[str, set[Descriptor]] = {"FULL": set(), "PIECEWISE": set()}
     if mode == "NONE":
         return {m: frozenset() for m in keys}
     sizes = capture_sizes(config)
+    decode_most = min(q * seqs, max(sizes, default=0))  # V2: decode keys up to q x max_num_seqs and the largest size
     mixed = {"PIECEWISE": "PIECEWISE", "FULL": "FULL", "FULL_AND_PIECEWISE": "PIECEWISE"}.get(mode)
     for loras in lora_cases(config):
         for s in sizes:
@@ -120,10 +132,21 @@ def _graph_keys(config: PolicyConfig) -> dict[str, frozenset[Descriptor]]:
                 continue
             if config.runner == "v1" and q <= s <= q * seqs and s % q == 0:
                 keys["FULL"].add(Descriptor(s, s // q, True, loras > 0, loras))
-            whole = q * ((s + q - 1) // q)  # V2: the size rounded up to whole requests
-            if config.runner == "v2" and whole <= min(q * seqs, max(sizes)):
-                keys["FULL"].add(Descriptor(whole, whole // q, True, loras > 0, loras))
+            for tier_q in decode_query_lens or (q,):
+                whole = tier_q * ((s + tier_q - 1) // tier_q)  # V2: the size rounded up to whole requests
+                if config.runner == "v2" and whole <= decode_most and whole // tier_q <= seqs:
+                    keys["FULL"].add(Descriptor(whole, whole // tier_q, True, loras > 0, loras))
     return {mode: frozenset(found) for mode, found in keys.items()}
+
+
+@lru_cache(maxsize=256)
+def _keys_by_size(config: PolicyConfig, decode_query_lens: tuple[int, ...] | None) -> tuple[list[int], dict]:
+    """The keys of both modes by token count, and the token counts in order: a V2 search walks them upward."""
+    found: dict[int, list[tuple[str, Descriptor]]] = {}
+    for mode, keys in _graph_keys(config, decode_query_lens).items():
+        for key in keys:
+            found.setdefault(key.num_tokens, []).append((mode, key))
+    return sorted(found), found
 
 
 def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
@@ -136,10 +159,14 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
 
 
 def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
-             num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES)) -> Dispatch:
-    """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
+             num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES),
+             decode_query_lens: tuple[int, ...] | None = None) -> Dispatch:
+    """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE.
+    decode_query_lens (V2 only): as graph_keys takes it."""
     if config.runner == "v2":
-        return dispatch_v2(config, num_tokens, num_reqs, uniform, num_active_loras)
+        return dispatch_v2(config, num_tokens, num_reqs, uniform, num_active_loras, decode_query_lens)
+    if decode_query_lens is not None:
+        raise ValueError("decode graphs of several q are modelled for the V2 runner only")
     eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
@@ -164,26 +191,30 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
 
 
 def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
-                num_active_loras: int = 0) -> Dispatch:
+                num_active_loras: int = 0, decode_query_lens: tuple[int, ...] | None = None) -> Dispatch:
     """docs/runners.md, V2: for FULL, then PIECEWISE, the keys of that mode at the smallest size that
     holds the batch; the first one the batch fits (a uniform key takes only uniform batches, and no
     more requests than it has) wins. Eager keeps the request and adapter counts. OLD: one search over
-    both modes' keys, at the smallest size any of them has (docs/spec.md section 11)."""
+    both modes' keys, at the smallest size any of them has (docs/spec.md section 11). With several
+    decode q (decode_query_lens), a uniform key takes only a batch of its own q."""
     q = config.query_len
     if num_reqs is None:
         num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
     loras = active_lora_case(config, num_active_loras)
+
+    def takes(key: Descriptor) -> bool:
+        if not key.uniform:
+            return True
+        return uniform and (decode_query_lens is None or key.num_tokens * num_reqs == num_tokens * key.num_reqs)
+
     if config.mode != "NONE" and num_tokens <= max(_capture_sizes(config), default=0):
-        keys = _graph_keys(config)
+        order, by_size = _keys_by_size(config, decode_query_lens)
         searches = [("FULL", "PIECEWISE")] if config.vllm_version == OLD else [("FULL",), ("PIECEWISE",)]
         for modes in searches:
-            holding = [(mode, k) for mode in modes for k in keys[mode]
-                       if k.num_tokens >= num_tokens and k.num_active_loras == loras]
-            if not holding:
-                continue
-            least = min(k.num_tokens for _, k in holding)
-            fits = [(mode, k) for mode, k in holding if k.num_tokens == least and (uniform or not k.uniform)
-                    and (k.num_reqs is None or k.num_reqs >= num_reqs)]
+            holding = next((found for size in order[bisect_left(order, num_tokens):]
+                            if (found := [(mode, k) for mode, k in by_size[size]
+                                          if mode in modes and k.num_active_loras == loras])), [])
+            fits = [(mode, k) for mode, k in holding if takes(k) and (k.num_reqs is None or k.num_reqs >= num_reqs)]
             if fits:
                 return Dispatch(*min(fits, key=lambda fit: modes.index(fit[0])))
     return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))

@@ -4,7 +4,10 @@ vLLM 0.33 is answered by the policy calculator (`reference_runtime.policy`, what
 `python -m reference_runtime` prints). vLLM 0.25 by the same calculator where it takes a release
 (resolution; the settings before it are the same in both), and by the harness's oracle for sizes,
 keys and dispatch, the one model of 0.25's sizes and graph search (docs/spec.md section 11).
-A broken calculator in the self-tests (tests/broken_calculators.py) replaces one method.
+SGLang's and LMDeploy's tests are answered by the plugins' own restatements of their engines'
+rules (`cudagraph_sglang_policy.runtime`'s runner rules, `cudagraph_lmdeploy_engine.policy`), which
+import neither engine. A broken calculator in the self-tests (tests/broken_calculators.py) replaces
+one method.
 """
 from __future__ import annotations
 
@@ -119,35 +122,96 @@ class Calculator:
 
 
 class Calculator025(Calculator):
-    """vLLM 0.25: resolution by the calculator's 0.25 rules; sizes, keys and dispatch by the oracle."""
+    """vLLM 0.25: resolution by the calculator's 0.25 rules; sizes, keys and dispatch by the oracle
+    (under a dynamic speculative schedule, with 0.25's decode graphs of every scheduled q)."""
 
     release = "0.25"
 
     def _oracle_config(self, config: dict) -> protocol.PolicyConfig:
+        config = {k: v for k, v in config.items() if k != "speculative_schedule"}  # the oracle takes its q apart
         return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes")),
                                         "vllm_version": self.release})
+
+    def decode_query_lens(self, config: dict) -> list[int]:
+        """The q of every decode graph: under a dynamic speculative schedule, 0.25's every scheduled q."""
+        return list(self._decode_lens(config) or (1 + config.get("num_speculative_tokens", 0),))
+
+    def _decode_lens(self, config: dict) -> tuple[int, ...] | None:
+        schedule = config.get("speculative_schedule")
+        return None if schedule is None else oracle.speculative_decode_query_lens(schedule)
+
+    def _graph_keys(self, config: dict) -> dict:
+        return oracle.graph_keys(self._oracle_config(config), self._decode_lens(config))
 
     def capture_sizes(self, config: dict) -> list[int]:
         return oracle.capture_sizes(self._oracle_config(config))
 
     def key_counts(self, config: dict) -> dict[str, int]:
-        return {mode: len(keys) for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
+        return {mode: len(keys) for mode, keys in self._graph_keys(config).items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode: {k.num_tokens for k in keys} for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
+        return {mode: {k.num_tokens for k in keys} for mode, keys in self._graph_keys(config).items()}
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
         if not initialized:
             return []
-        keys = oracle.graph_keys(self._oracle_config(config))
+        keys = self._graph_keys(config)
         return [(mode, [asdict(k) for k in sorted(keys[mode], key=lambda k: -k.num_tokens)])
                 for mode in ("PIECEWISE", "FULL") if keys[mode]]
 
     def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(allowed_modes or protocol.RUNTIME_MODES)
-        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed)
+        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed,
+                                self._decode_lens(config))
         return found.runtime_mode, asdict(found.descriptor)
 
 
-CALCULATORS = {"0.33": Calculator, "0.25": Calculator025}
+class SglangCalculator:
+    """SGLang 0.5.23's runner rules as the sglang-policy plugin restates them (its `_prefill`, `_decode`)."""
+
+    release = "sglang-0.5.23"
+
+    def graphs(self, graphs: dict):
+        from cudagraph_sglang_policy.runtime import Graphs
+
+        return Graphs(q=graphs.get("q", 1), decode_mode=graphs.get("decode_mode", "FULL"),
+                      capture_bs=tuple(graphs.get("capture_bs", (1,))), prefill_mode=graphs["prefill_mode"],
+                      prefill_tokens=tuple(graphs["prefill_tokens"]), prefill_slots=graphs.get("prefill_slots"))
+
+    def prefill(self, graphs: dict, num_tokens: int, num_reqs: int) -> tuple[str, int | None]:
+        """(runtime mode, the graph's token count or None) for an extend batch."""
+        from cudagraph_sglang_policy.runtime import _prefill
+
+        found = _prefill(self.graphs(graphs), num_tokens, num_reqs)
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+
+
+class LmdeployCalculator:
+    """LMDeploy 0.18.0's capture batch sizes as the lmdeploy-engine plugin's policy restates them."""
+
+    release = "lmdeploy-0.18.0"
+
+    def __init__(self):
+        from cudagraph_lmdeploy_engine import policy as lmdeploy
+
+        self.lmdeploy = lmdeploy
+        self.policy = lmdeploy.LmdeployPolicy()
+
+    def config(self, config: dict) -> protocol.PolicyConfig:
+        return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes"))})
+
+    def capture_sizes(self, config: dict) -> list[int]:
+        return self.policy.capture_sizes(self.config(config))
+
+    def user_sizes(self, sizes: list, max_batch_size: int) -> list[int]:
+        return self.lmdeploy.user_batch_sizes(sizes, max_batch_size)
+
+    def dispatch(self, config: dict, batch_size: int) -> tuple[str, int | None]:
+        """A decode batch of batch_size requests, one token each: (runtime mode, graph size or None)."""
+        found = self.policy.dispatch(self.config(config), batch_size, batch_size, True)
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+
+
+CALCULATORS = {"0.33": Calculator, "0.25": Calculator025, SglangCalculator.release: SglangCalculator,
+               LmdeployCalculator.release: LmdeployCalculator}

@@ -1,9 +1,9 @@
 """Load the peer cases and check one against a calculator.
 
-A case is one vLLM test (or one parameter or assert group of it): `test` names it, `status` is
+A case is one engine test (or one parameter or assert group of it): `test` names it, `status` is
 `translated` or `not_modelled` (then `reason` says why), `question` says what the calculator is
-asked; the other fields are the inputs and vLLM's expected values, taken from vLLM's asserts.
-check() returns the disagreements, each one line naming what was asked, vLLM's value and the
+asked; the other fields are the inputs and the engine's expected values, taken from its asserts.
+check() returns the disagreements, each one line naming what was asked, the engine's value and the
 calculator's.
 """
 from __future__ import annotations
@@ -17,7 +17,14 @@ from harness.vocabulary import ROUTINES
 from .calculators import Calculator, sizes_of
 
 ROOT = Path(__file__).parent
-RELEASES = ("0.33", "0.25")
+# release -> (engine, its version, the folder of its cases); vLLM's releases keep their bare names
+ENGINES = {
+    "0.33": ("vLLM", "0.33.0", "vllm-0.33"),
+    "0.25": ("vLLM", "0.25.0", "vllm-0.25"),
+    "sglang-0.5.23": ("SGLang", "0.5.23", "sglang-0.5.23"),
+    "lmdeploy-0.18.0": ("LMDeploy", "0.18.0", "lmdeploy-0.18.0"),
+}
+RELEASES = tuple(ENGINES)
 STATUSES = ("translated", "not_modelled")
 
 
@@ -25,25 +32,36 @@ STATUSES = ("translated", "not_modelled")
 class PeerFile:
     release: str
     path: Path  # the data file
-    vllm_file: str
+    file: str  # the engine's test file, from its repository's root
     about: str
     cases: tuple[dict, ...]
+    source: str = ""  # where the test was read, where that is not the release's source distribution
+
+    @property
+    def engine(self) -> str:
+        return ENGINES[self.release][0]
+
+    @property
+    def vllm_file(self) -> str:  # the name the vLLM-only data used
+        return self.file
 
     @property
     def citation(self) -> str:
-        return f"vllm {self.release}.0 {self.vllm_file}"
+        engine, version, _ = ENGINES[self.release]
+        return f"{engine} {version} {self.file}"
 
 
 def load(release: str) -> list[PeerFile]:
     files = []
-    for path in sorted((ROOT / f"vllm-{release}").glob("*.json")):
+    for path in sorted((ROOT / ENGINES[release][2]).glob("*.json")):
         data = json.loads(path.read_text())
-        files.append(PeerFile(release, path, data["vllm_file"], data.get("about", ""), tuple(data["cases"])))
+        files.append(PeerFile(release, path, data.get("vllm_file") or data["file"], data.get("about", ""),
+                              tuple(data["cases"]), data.get("source", "")))
     return files
 
 
 def case_id(peer: PeerFile, case: dict) -> str:
-    return f"{peer.release}:{peer.vllm_file.removeprefix('tests/')}::{case['test']}"
+    return f"{peer.release}:{peer.file.removeprefix('tests/')}::{case['test']}"
 
 
 def check(calculator: Calculator, case: dict) -> list[str]:
@@ -54,8 +72,8 @@ def check(calculator: Calculator, case: dict) -> list[str]:
         return [f"the calculator refused the inputs: {exc}"]
 
 
-def _differ(what: str, vllm, ours) -> list[str]:
-    return [] if vllm == ours else [f"{what}: vLLM {vllm!r}, calculator {ours!r}"]
+def _differ(what: str, vllm, ours, engine: str = "vLLM") -> list[str]:
+    return [] if vllm == ours else [f"{what}: {engine} {vllm!r}, calculator {ours!r}"]
 
 
 def _sizes(calc: Calculator, case: dict) -> list[str]:
@@ -133,7 +151,8 @@ def _dispatch(calc: Calculator, case: dict) -> list[str]:
     if "query_len_sweep" in case:  # every request count at every q up to the largest: FULL where a graph has that q
         sweep = case["query_len_sweep"]
         lens = calc.decode_query_lens(config)
-        for reqs in range(1, sweep["max_reqs"] + 1):
+        most, stride = sweep["max_reqs"], sweep.get("stride", 1)
+        for reqs in sorted(set(range(1, most + 1, stride)) | {most}):
             for query_len in range(1, q + 1):
                 tokens, full = reqs * query_len, query_len in sweep["full_for"]
                 key = {"num_tokens": tokens, "num_reqs": reqs if full else None, "uniform": full, "num_active_loras": 0}
@@ -229,9 +248,46 @@ def _weakest(calc: Calculator, case: dict) -> list[str]:
     return _differ("the model's support level", case["expect"], calc.weakest(case["levels"]))
 
 
+def _lmdeploy_sizes(calc, case: dict) -> list[str]:
+    return _differ("capture batch sizes", case["expect"]["sizes"], calc.capture_sizes(case["config"]), "LMDeploy")
+
+
+def _lmdeploy_user_sizes(calc, case: dict) -> list[str]:
+    inputs = case["inputs"]
+    try:
+        sizes = calc.user_sizes(inputs["sizes"], inputs["max_batch_size"])
+    except ValueError:
+        return [] if case["expect"].get("error") else [f"{inputs}: LMDeploy accepts them, the calculator refused"]
+    if case["expect"].get("error"):
+        return [f"{inputs}: LMDeploy rejects them, the calculator answered {sizes}"]
+    return _differ("capture batch sizes", case["expect"]["sizes"], sizes, "LMDeploy")
+
+
+def _lmdeploy_dispatch(calc, case: dict) -> list[str]:
+    found = []
+    for batch in case["batches"]:
+        mode, graph = calc.dispatch(case["config"], batch["batch_size"])
+        found += _differ(f"{batch['batch_size']} requests: mode", batch["expect"]["mode"], mode, "LMDeploy")
+        found += _differ(f"{batch['batch_size']} requests: graph", batch["expect"]["graph"], graph, "LMDeploy")
+    return found
+
+
+def _sglang_prefill(calc, case: dict) -> list[str]:
+    found = []
+    for batch in case["batches"]:
+        mode, graph = calc.prefill(case["graphs"], batch["num_tokens"], batch["num_reqs"])
+        label = f"extend batch of {batch['num_tokens']} tokens, {batch['num_reqs']} reqs"
+        found += _differ(f"{label}: mode", batch["expect"]["mode"], mode, "SGLang")
+        if "graph" in batch["expect"]:
+            found += _differ(f"{label}: graph tokens", batch["expect"]["graph"], graph, "SGLang")
+    return found
+
+
 QUESTIONS = {
     "sizes": _sizes, "dispatch": _dispatch, "capture_order": _capture_order, "graph_count": _graph_count,
     "resolve": _resolve, "dispatcher_refuses": _dispatcher_refuses, "config_mode": _config_mode,
     "defaults": _defaults, "compile_sizes": _compile_sizes, "uniform": _uniform,
     "runs_as_decode": _runs_as_decode, "weakest": _weakest,
+    "lmdeploy_sizes": _lmdeploy_sizes, "lmdeploy_user_sizes": _lmdeploy_user_sizes,
+    "lmdeploy_dispatch": _lmdeploy_dispatch, "sglang_prefill": _sglang_prefill,
 }
