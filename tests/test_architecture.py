@@ -181,7 +181,8 @@ def harness_imports(module: str, source: str, package: bool = False) -> list[tup
     """(line, imported harness module, inside a function) for every import of the harness in the
     source; `from a import b` is a.b where b is a module."""
     tree = ast.parse(source)
-    in_functions = {id(node) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    in_functions = {id(node) for f in ast.walk(tree) if isinstance(f, functions)
                     for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))}
     base = module if package else module.rpartition(".")[0]
     found = []
@@ -215,7 +216,8 @@ def floor_violations(module: str, source: str, package: bool = False, where: str
         theirs = floor_of(target)
         if room(target) != room(module) and (theirs is None or theirs >= mine):
             level = "above" if theirs is None or theirs > mine else "beside"
-            found.append(f"{where}:{line} imports {target}, {level} it ({FLOORS[mine][0]} imports only lower floors)")
+            found.append(f"{where}:{line} imports {target}, {level} it "
+                         f"(the {FLOORS[mine][0]} floor imports only the floors below it)")
         if in_function and (module, target) not in IN_FUNCTIONS:
             found.append(f"{where}:{line} imports {target} inside a function (a room on the wrong floor, "
                          "or a heavy dependency to name in IN_FUNCTIONS)")
@@ -240,22 +242,25 @@ def test_the_floors_are_rooms_that_exist_each_on_one_floor():
 
 def test_the_floor_check_fails_on_an_upward_import():
     """The check above, shown to fail: graphs importing the plugin at the top and the runtime in a
-    function, the session importing checks (a floor up) and a room of its own floor, a room on no
-    floor, and an allowed heavy import at the wrong address."""
+    function, the session importing checks (a floor up), scenarios importing expectations (beside
+    it, through a relative import), a room on no floor, and an allowed heavy import elsewhere."""
     graphs = "from harness.plugin import CONFORMANCE\n\ndef f():\n    from harness.runtime import observe\n"
     assert floor_violations("harness.graphs.probe", graphs) == [
-        "harness.graphs.probe:1 imports harness.plugin, above it (engine tools imports only lower floors)",
-        "harness.graphs.probe:4 imports harness.runtime.observe, above it (engine tools imports only lower floors)",
+        "harness.graphs.probe:1 imports harness.plugin, above it "
+        "(the engine tools floor imports only the floors below it)",
+        "harness.graphs.probe:4 imports harness.runtime.observe, above it "
+        "(the engine tools floor imports only the floors below it)",
         "harness.graphs.probe:4 imports harness.runtime.observe inside a function (a room on the wrong floor, "
         "or a heavy dependency to name in IN_FUNCTIONS)",
     ]
     session = "from harness import checks\nfrom harness.expectations import presets\n"
     assert floor_violations("harness.session.probe", session) == [
-        "harness.session.probe:1 imports harness.checks, above it (session imports only lower floors)"]
+        "harness.session.probe:1 imports harness.checks, above it "
+        "(the session floor imports only the floors below it)"]
     scenarios = "from ..expectations import oracle\nfrom . import batches\nfrom harness.protocol import Request\n"
     assert floor_violations("harness.scenarios.probe", scenarios) == [
         "harness.scenarios.probe:1 imports harness.expectations.oracle, beside it "
-        "(expectations and scenarios imports only lower floors)"]
+        "(the expectations and scenarios floor imports only the floors below it)"]
     assert floor_violations("harness.attic.probe", "import harness\n") == [
         "harness.attic.probe: harness.attic is on no floor (FLOORS in tests/test_architecture.py)"]
     heavy = "def f():\n    from harness.expectations.equality import first_mismatch\n"
