@@ -12,6 +12,7 @@ from dataclasses import fields, is_dataclass
 import pytest
 
 from harness.reliability.safe import safe_repr
+from harness.session.known_failures import DIFFERENCE_KEY
 
 WINDOW = 8  # list elements shown on each side of the first difference
 
@@ -103,8 +104,6 @@ class Check:
     def note_difference(self, difference: float | None) -> None:
         """Remember the largest numeric deviation, for known-failure bounds (max_difference)."""
         if self._node is not None and difference is not None:
-            from harness.session.known_failures import DIFFERENCE_KEY
-
             self._node.stash[DIFFERENCE_KEY] = max(difference, self._node.stash.get(DIFFERENCE_KEY, 0.0))
 
     def message(self, what: str, *, case=None, source: str | None = None, expected=None, actual=None,

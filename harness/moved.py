@@ -22,7 +22,7 @@ MOVED = {
     "harness.oracle": "harness.expectations.oracle",
     "harness.presets": "harness.expectations.presets",
     "harness.batches": "harness.scenarios.batches",
-    "harness.distributed": "harness.scenarios.ranks",
+    "harness.distributed": "harness.runtime.ranks",
     "harness.serving": "harness.scenarios.serving",
     "harness.strategies": "harness.scenarios.strategies",
     "harness.boundary": "harness.runtime.boundary",

@@ -13,34 +13,31 @@ from collections import Counter
 
 import pytest
 
-from harness import checks
+from harness import checks, hookspecs, supervisor
 from harness.protocol import Capabilities, PolicyConfig
 from harness.reliability import robustness
 from harness.reports import render, report
 from harness.reports.records import check_record
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import registry
+from harness.runtime.boundary import RuntimeProxy
 from harness.session import (anchor_helper, caches, device_share, header, known_failures, machine, options,
                              process_exit, scheduling)
 from harness.session.hypothesis_profiles import default_profile, register_profiles
+from harness.session.stash import CONFORMANCE, conformance_of
 from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
 
-CONFORMANCE = pytest.StashKey["Conformance"]()
 register_profiles()
 
 
 def pytest_addhooks(pluginmanager):
-    from harness import hookspecs
-
     pluginmanager.add_hookspecs(hookspecs)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """A plain run's tests run in a child that the pytest process watches, so a death is reported
-    (harness.reliability.supervisor); None here means the session runs in this process."""
-    from harness.reliability import supervisor
-
+    (harness.supervisor); None here means the session runs in this process."""
     options.validate(config)  # a usage error is the harness's, said before any process is forked
     return supervisor.supervise(config)
 
@@ -95,8 +92,6 @@ class Conformance:
     """What this run tests: the runtime, how it was named, its graph backend, the hypothesis seed."""
 
     def __init__(self, config, runtime, runtime_option: str):
-        from harness.runtime.boundary import RuntimeProxy
-
         self.runtime = RuntimeProxy(runtime)
         self.runtime_option = runtime_option
         self.graph_backend, self.no_backend = choose_graph_backend(config.getoption("graph_backend"), runtime)
@@ -182,10 +177,6 @@ def _load_hypothesis_profile(config) -> str:
         chosen = default_profile()
         settings.load_profile(chosen)
     return chosen
-
-
-def conformance_of(config) -> Conformance:
-    return config.stash[CONFORMANCE]
 
 
 def pytest_report_header(config):
@@ -349,7 +340,7 @@ def graph_backend(pytestconfig):
 
 @pytest.fixture(scope="session")
 def engine_factory(runtime, graph_backend, pytestconfig):
-    from harness.runtime.observe import EngineFactory
+    from harness.runtime.factory import EngineFactory
 
     factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("preset"),
                             anchor=conformance_of(pytestconfig).anchor)
@@ -373,7 +364,7 @@ def bench_engines(runtime, graph_backend, pytestconfig):
     off = header.benchmark_lane_off(pytestconfig, graph_backend)
     if off is not None:  # no GPU, or pytest-benchmark off (each test would run once, untimed, and find no timings)
         pytest.skip(off)
-    from harness.runtime.observe import EngineFactory, benchmark_engine
+    from harness.runtime.factory import EngineFactory, benchmark_engine
 
     factory = EngineFactory(runtime, graph_backend, preset=pytestconfig.getoption("bench_preset"),
                             **benchmark_engine(runtime))

@@ -1,5 +1,5 @@
 """The smoke driver for a runtime that drives a real engine: engines built through the factory the
-suites use (harness.runtime.observe.EngineFactory: the same configs, so the compile caches it
+suites use (harness.runtime.factory.EngineFactory: the same configs, so the compile caches it
 leaves are the suites' too), captured, driven through the shared generation scenario
 (harness.scenarios.generation), released and closed. It prints SMOKE lines: each engine's build
 and capture, per step the mode and padded size the engine ran, the graph launches the harness
@@ -28,7 +28,8 @@ from harness.expectations import presets
 from harness.expectations.anchor import Anchor
 from harness.graphs.log import LOG, watch_cuda_graphs
 from harness.protocol import CONFIG_MODES
-from harness.runtime.observe import EngineFactory
+from harness.runtime.factory import EngineFactory
+from harness.runtime.registry import RuntimeLoadError, resolve
 from harness.scenarios.generation import generation
 
 MiB = 1 << 20
@@ -217,8 +218,6 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-first-open", action="store_true",
                         help="keep the first engine open while the others run, and close it last")
     args = parser.parse_args(argv)
-    from harness.runtime.registry import RuntimeLoadError, resolve
-
     start, log = time.perf_counter(), Log(args.live)
     if args.graph_backend == "cuda":
         watch_cuda_graphs()

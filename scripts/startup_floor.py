@@ -22,8 +22,8 @@ START_UP, FORK_SERVER, WITH_LLAMA, TORCH = "start-up", "fork server", "with llam
 COSTS = (
     (START_UP, "the suites command with no test selected: the xdist controller and two workers start and collect",
      ["-m", "pytest", "suites/", "--runtime", "reference", "-n", "2", "-q", "-k", "nothing_matches_this"]),
-    (FORK_SERVER, "what the data-parallel rank pool's fork server imports (harness.scenarios.ranks.PRELOAD)",
-     ["-c", "import harness.scenarios.ranks as r, importlib; [importlib.import_module(m) for m in r.PRELOAD]"]),
+    (FORK_SERVER, "what the data-parallel rank pool's fork server imports (harness.runtime.ranks.PRELOAD)",
+     ["-c", "import harness.runtime.ranks as r, importlib; [importlib.import_module(m) for m in r.PRELOAD]"]),
     (WITH_LLAMA, "torch and transformers' Llama (what the anchor imports)",
      ["-c", "import torch; from transformers import LlamaForCausalLM"]),
     (TORCH, "torch alone", ["-c", "import torch"]),

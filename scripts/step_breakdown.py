@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 def build(preset: str):
     """(factory, engine): the benchmark lane's engine of the reference runtime, captured."""
-    from harness.runtime.observe import BENCHMARK_ENGINE, EngineFactory
+    from harness.runtime.factory import BENCHMARK_ENGINE, EngineFactory
     from reference_runtime.adapter import ReferenceRuntime
 
     factory = EngineFactory(ReferenceRuntime(), "cuda", preset=preset, **BENCHMARK_ENGINE)

@@ -67,14 +67,14 @@ TARGETS = (
 COSTS = {
     "imports": ("<frozen importlib._bootstrap>", "_find_and_load"),
     "collection (includes the imports of test modules)": ("_pytest/main.py", "perform_collect"),
-    "engines from the factory (builds, with their captures)": ("harness/runtime/observe.py", "_get"),
+    "engines from the factory (builds, with their captures)": ("harness/runtime/factory.py", "_get"),
     "graph captures, wherever they happen (GraphBackend.capture)": ("harness/graphs/base.py", "capture"),
     "graph replays": ("harness/graphs/base.py", "replay"),
     "hypothesis examples": ("hypothesis/core.py", "execute_once"),
     "in-process pytest sessions (pytester)": ("_pytest/pytester.py", "inline_run"),
     "subprocess pytest sessions (pytester)": ("_pytest/pytester.py", "runpytest_subprocess"),
     "other subprocesses (subprocess.run)": ("subprocess.py", "run"),
-    "data-parallel rank pools (waiting on ranks)": ("harness/scenarios/ranks.py", "_gather"),
+    "data-parallel rank pools (waiting on ranks)": ("harness/runtime/ranks.py", "_gather"),
     "report writing": ("harness/reports/report.py", "write"),
     # The benchmark lane's own (GPU): its profiles, and one-time work of a machine's first run. On the H200
     # cProfile counted no call of the two profiles (reports/h200/probes/lane_split.py times them instead).

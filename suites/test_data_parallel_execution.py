@@ -1,7 +1,7 @@
 """Data-parallel execution (docs/spec.md section 4; invariant 9 of section 7): ranks in processes
 of their own agree through torch.distributed, inside the engine's step().
 
-Each rank is a process with its own engine (harness.scenarios.ranks); every step each rank gets its
+Each rank is a process with its own engine (harness.runtime.ranks); every step each rank gets its
 own batch, or none (idle), and the harness observes what each ran. Checked at every step:
 - each rank's reported mode matches the graph launches the harness counted in its process;
 - every rank runs the same mode: the lowest that the busy ranks' own dispatch() gives their
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, reject
 from hypothesis import strategies as st
 
-from harness.scenarios import ranks as distributed
+from harness.runtime import ranks as distributed
 from harness.expectations import expected
 from harness.expectations import oracle
 from harness.scenarios.batches import Sequence, advance, decode_requests, is_uniform, prompt
@@ -97,7 +97,7 @@ class DataParallelRun:
     """The ranks' engines for this module's tests, and the checks of one step."""
 
     def __init__(self, runtime, graph_backend):
-        from harness.runtime.observe import EngineFactory  # imports torch: not at collection, for policy-only runs
+        from harness.runtime.factory import EngineFactory  # imports torch: not at collection, for policy-only runs
 
         self.runtime, self.graph_backend = runtime, graph_backend
         self.factory = EngineFactory(runtime, graph_backend, max_num_seqs=MAX_NUM_SEQS,

@@ -6,7 +6,7 @@ engine and an eager engine driven through the same generation agree at every ste
 decode steps of one size whose rows change owner (an engine that keeps request rows from step to
 step, as vLLM's persistent batch does, must follow each request to its row), and through verify
 steps that reject drafts (the next step rolls back to the last accepted token); one-token prompts
-join decode batches. The suites' larger engine (harness.runtime.observe) runs the boundaries its grid
+join decode batches. The suites' larger engine (harness.runtime.factory) runs the boundaries its grid
 adds: the steps of its policy, its largest graph and a maximum off its grid.
 
 Expected values: an eager step of the same runtime at the same shape (of the same engine, or of a
@@ -80,7 +80,7 @@ def test_graph_equals_eager_at_every_bucket_boundary(check, engines, mode):
 
 
 def test_graph_equals_eager_at_the_top_of_a_larger_grid(check, engines):
-    """The same on the suites' larger engine (harness.runtime.observe: max_num_seqs past its grid's
+    """The same on the suites' larger engine (harness.runtime.factory: max_num_seqs past its grid's
     power-of-two prefix and off its own sizes), at the boundaries the default engine's grid does
     not reach: the steps of its policy, its largest graph, its maximum and what lies above it."""
     engine = engines.larger()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import moved
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "architecture.md").read_text()
 RUNTIMES = ("reference_runtime", "cudagraph_", "bucket_engine", "tests")  # what the harness and suites never import
@@ -133,6 +135,148 @@ def test_every_module_has_its_row_in_the_architecture_page():
     missing = [str(p.relative_to(ROOT)) for p in python_files("harness", "reference_runtime")
                if p.name != "__init__.py" and f"`{p.stem}`" not in DOC and f"{p.name}`" not in DOC]
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+# -- floors inside harness/ -------------------------------------------------------------------------
+# harness/'s rooms (a subpackage, or a module at its top), lowest floor first: a room imports its
+# own modules and the rooms of the floors below, never a room of its own floor or one above
+# (docs/architecture.md, "Floors").
+FLOORS = (
+    ("ground", ("harness", "harness.vocabulary", "harness.moved", "harness.hookspecs", "harness.reliability")),
+    ("protocol", ("harness.protocol",)),
+    ("engine tools", ("harness.graphs", "harness.kit")),
+    ("expectations and scenarios", ("harness.expectations", "harness.scenarios")),
+    ("session", ("harness.session",)),
+    ("checks", ("harness.checks",)),
+    ("runtime", ("harness.runtime",)),
+    ("reports", ("harness.reports",)),
+    ("drivers", ("harness.smoke", "harness.supervisor")),
+    ("plugin", ("harness.plugin",)),
+    ("old paths", ("harness.block_book", *moved.MOVED)),  # shims: each imports harness.moved, or its new module
+)
+
+# The only imports of the harness inside a function: each loads a heavy dependency where it is used,
+# so a run that never needs it never pays for it. (importer, imported module): why.
+IN_FUNCTIONS = {
+    ("harness.checks", "harness.expectations.equality"): "torch: a policy-only run compares no tensors",
+    ("harness.plugin", "harness.runtime.factory"): "torch: a policy-only run builds no engine",
+    ("harness.session.anchor_helper", "harness.expectations.anchor"): "torch: only a session that starts the helper",
+    ("harness.session.machine", "harness.graphs.log"): "torch: only a process that shares a GPU",
+    ("harness.runtime.ranks", "harness.graphs.log"): "torch: a rank process, which preloads it; never the pool's own",
+    ("harness.reports.render", "harness.reports.plots"): "matplotlib: only a report with something to draw",
+}
+
+
+def room(module: str) -> str:
+    """The room a harness module lives in: its subpackage below harness/, or the module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def floor_of(module: str) -> int | None:
+    return next((i for i, (_, rooms) in enumerate(FLOORS) if room(module) in rooms), None)
+
+
+def harness_imports(module: str, source: str, package: bool = False) -> list[tuple[int, str, bool]]:
+    """(line, imported harness module, inside a function) for every import of the harness in the
+    source; `from a import b` is a.b where b is a module."""
+    tree = ast.parse(source)
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    in_functions = {id(node) for f in ast.walk(tree) if isinstance(f, functions)
+                    for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))}
+    base = module if package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                parts = base.split(".")
+                target = ".".join(parts[: len(parts) - (node.level - 1)] + ([target] if target else []))
+            targets = []
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}"
+                path = ROOT / candidate.replace(".", "/")
+                targets.append(candidate if path.with_suffix(".py").exists() or path.is_dir() else target)
+        else:
+            continue
+        found += [(node.lineno, t, id(node) in in_functions) for t in dict.fromkeys(targets) if top(t) == "harness"]
+    return found
+
+
+def floor_violations(module: str, source: str, package: bool = False, where: str | None = None) -> list[str]:
+    """Each import of the harness in `module` that points at its own floor's other rooms or above,
+    or sits in a function without its reason in IN_FUNCTIONS; a room on no floor."""
+    where, mine = where or module, floor_of(module)
+    if mine is None:
+        return [f"{where}: {room(module)} is on no floor (FLOORS in tests/test_architecture.py)"]
+    found = []
+    for line, target, in_function in harness_imports(module, source, package):
+        theirs = floor_of(target)
+        if room(target) != room(module) and (theirs is None or theirs >= mine):
+            level = "above" if theirs is None or theirs > mine else "beside"
+            found.append(f"{where}:{line} imports {target}, {level} it "
+                         f"(the {FLOORS[mine][0]} floor imports only the floors below it)")
+        if in_function and (module, target) not in IN_FUNCTIONS:
+            found.append(f"{where}:{line} imports {target} inside a function (a room on the wrong floor, "
+                         "or a heavy dependency to name in IN_FUNCTIONS)")
+    return found
+
+
+def test_each_room_of_the_harness_imports_only_the_floors_below_it():
+    found = []
+    for path in python_files("harness"):
+        found += floor_violations(module_name(path), path.read_text(), path.name == "__init__.py",
+                                  str(path.relative_to(ROOT)))
+    assert not found, "\n".join(found)
+
+
+def test_the_floors_are_rooms_that_exist_each_on_one_floor():
+    rooms = [r for _, floor in FLOORS for r in floor]
+    assert len(rooms) == len(set(rooms)), rooms
+    modules = {module_name(p) for p in python_files("harness")}
+    assert not [r for r in rooms if r not in modules and not (ROOT / r.replace(".", "/")).is_dir()], rooms
+    assert {m for m, _ in IN_FUNCTIONS} <= modules and {m for _, m in IN_FUNCTIONS} <= modules
+
+
+def test_the_floor_check_fails_on_an_upward_import():
+    """The check above, shown to fail: graphs importing the plugin at the top and the runtime in a
+    function, the session importing checks (a floor up), scenarios importing expectations (beside
+    it, through a relative import), a room on no floor, and an allowed heavy import elsewhere."""
+    graphs = "from harness.plugin import CONFORMANCE\n\ndef f():\n    from harness.runtime import observe\n"
+    assert floor_violations("harness.graphs.probe", graphs) == [
+        "harness.graphs.probe:1 imports harness.plugin, above it "
+        "(the engine tools floor imports only the floors below it)",
+        "harness.graphs.probe:4 imports harness.runtime.observe, above it "
+        "(the engine tools floor imports only the floors below it)",
+        "harness.graphs.probe:4 imports harness.runtime.observe inside a function (a room on the wrong floor, "
+        "or a heavy dependency to name in IN_FUNCTIONS)",
+    ]
+    session = "from harness import checks\nfrom harness.expectations import presets\n"
+    assert floor_violations("harness.session.probe", session) == [
+        "harness.session.probe:1 imports harness.checks, above it "
+        "(the session floor imports only the floors below it)"]
+    scenarios = "from ..expectations import oracle\nfrom . import batches\nfrom harness.protocol import Request\n"
+    assert floor_violations("harness.scenarios.probe", scenarios) == [
+        "harness.scenarios.probe:1 imports harness.expectations.oracle, beside it "
+        "(the expectations and scenarios floor imports only the floors below it)"]
+    assert floor_violations("harness.attic.probe", "import harness\n") == [
+        "harness.attic.probe: harness.attic is on no floor (FLOORS in tests/test_architecture.py)"]
+    heavy = "def f():\n    from harness.expectations.equality import first_mismatch\n"
+    assert floor_violations("harness.checks", heavy) == []
+    assert floor_violations("harness.runtime.probe", heavy) == [
+        "harness.runtime.probe:2 imports harness.expectations.equality inside a function (a room on the wrong floor, "
+        "or a heavy dependency to name in IN_FUNCTIONS)"]
+
+
+def test_the_architecture_page_lists_the_floors_in_their_order():
+    section = DOC.split("### Floors", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    rows = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in section.splitlines()
+            if row.startswith("| ") and not row.startswith("| floor")]
+    assert [cells[1] for cells in rows] == [name for name, _ in FLOORS]
+    for cells, (name, rooms) in zip(rows, FLOORS[:-1]):  # the old paths' row names moved.py's table
+        assert set(re.findall(r"`([\w.]+)`", cells[2])) == set(rooms), name
 
 
 def test_the_import_check_fails_on_a_forbidden_import(tmp_path):

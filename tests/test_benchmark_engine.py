@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.runtime.observe import BENCHMARK_ENGINE, benchmark_engine
+from harness.runtime.factory import BENCHMARK_ENGINE, benchmark_engine
 
 
 @pytest.mark.parametrize("precision, dtype", [("ieee", "bfloat16"), ("tf32", "bfloat16"),

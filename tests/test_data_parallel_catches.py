@@ -2,7 +2,7 @@
 (tests/broken_dp_runtimes.py), names the step and every rank's batch, and bounds a hang.
 
 Each mutant runs the scripted sequence in an in-process pytest session of its own (the rank
-processes of harness.scenarios.ranks are shared across sessions, so only its engines are built).
+processes of harness.runtime.ranks are shared across sessions, so only its engines are built).
 The reference passing the suite is checked by the run of `suites/` itself.
 """
 import os
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.reliability import processes
-from harness.scenarios import ranks as distributed
-from harness.runtime.observe import EngineFactory
+from harness.runtime import ranks as distributed
+from harness.runtime.factory import EngineFactory
 from harness.protocol import Request
 from tests import broken_dp_runtimes, catching
 
@@ -106,7 +106,7 @@ import os
 import sys
 
 from harness.reliability import processes
-from harness.scenarios import ranks
+from harness.runtime import ranks
 
 if __name__ == "__main__":
     if sys.argv[1] == "slips":  # an exit built to slip past the check: the fork server left to end by itself
@@ -136,7 +136,7 @@ def fork_server_ending(tmp_path, variant: str) -> int:
 def test_a_process_that_used_a_rank_pool_ends_its_fork_server_as_it_exits(tmp_path):
     """The fork server imported torch: left to end by itself, its interpreter's teardown would outlast
     its parent, and the session's end waits for what its processes leave. Ended by SIGTERM at exit
-    (harness.scenarios.ranks.close_all); an exit that leaves it running shows as a normal exit."""
+    (harness.runtime.ranks.close_all); an exit that leaves it running shows as a normal exit."""
     ended = fork_server_ending(tmp_path, "ends")
     assert os.WIFSIGNALED(ended) and os.WTERMSIG(ended) == signal.SIGTERM, f"wait status {ended}"
     slipped = fork_server_ending(tmp_path, "slips")

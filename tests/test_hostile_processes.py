@@ -218,7 +218,7 @@ def test_answers_of_the_wrong_kind_fail_first_at_the_boundary(pytester, hostile,
     result, tests, data = run(pytester, hostile, """
         import pytest
         from harness.protocol import Request
-        from harness.runtime.observe import EngineFactory
+        from harness.runtime.factory import EngineFactory
 
         def requests(engines):
             return [Request(engines.new_id(), (5,), 0)]

@@ -552,7 +552,7 @@ def test_the_engine_factory_closes_in_a_broken_cuda_context(monkeypatch):
     closing frees what it can and raises nothing."""
     import torch
 
-    from harness.runtime.observe import EngineFactory
+    from harness.runtime.factory import EngineFactory
     from reference_runtime.adapter import ReferenceRuntime
 
     def broken():

@@ -18,7 +18,7 @@ from harness.expectations import anchor as anchor_module
 from harness.expectations import presets
 from harness.protocol import Capabilities
 from harness.runtime import registry
-from harness.runtime.observe import EngineFactory
+from harness.runtime.factory import EngineFactory
 from harness.expectations.emulated_precision import TF32Products, round_to_tf32
 from tests.broken_precision import DeclaresIeeeComputesTf32
 from tests.catching import assert_caught, run_suites

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.expectations import presets
+from harness.reliability.processes import harness_owned
 from harness.vocabulary import PRECISIONS
 
 # Unit roundoff of a matrix product's inputs (and, for a dtype, of every value stored between
@@ -125,8 +126,6 @@ class AnchorProcess(_Rows):
         import multiprocessing
         import subprocess
         import sys
-
-        from harness.reliability.processes import harness_owned
 
         self.timeout, self._scale = timeout, None
         self._connection, child = multiprocessing.Pipe()

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass
 IN_A_ROW = 2
 ENGINE_FIXTURES = {"engines", "engine_factory", "bench_engines"}  # tests that build engines
 KIND_ATTRIBUTE = "cudagraph_conformance_kind"  # on a call report whose test ended without hanging
+# The name the run report registers under with pytest (harness.reports.report): reliability finds
+# it by this name to write hangs and deaths into it, and imports nothing of the reports.
+REPORT_PLUGIN = "cudagraph-conformance-report"
 KINDS = {"engines": "tests that build engines", "policy": "policy-only tests"}
 
 

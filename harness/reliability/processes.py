@@ -373,9 +373,7 @@ class ProcessWatch:
             answer = declare()
         except Exception as exc:  # noqa: BLE001 - the runtime's failure is the answer
             return [f"the runtime's helper_processes() raised {describe_exception(exc, 300)}"]
-        from harness.runtime import validate
-
-        problem = validate.pids(answer)
+        problem = pids(answer)
         if problem:
             return [f"the runtime's helper_processes() {problem}"]
         ours = {p.pid: p for p in self._scan().values()}
@@ -405,6 +403,19 @@ class ProcessWatch:
             return []
         kept = {p.key for p in left if self._kept(p)}
         return end_and_describe(left, lambda p: " (a helper the runtime declared)" if p.key in kept else "")
+
+
+def pids(value) -> str | None:
+    """What is wrong with helper_processes()'s answer (a list of process ids), or None; it never
+    raises, whatever the runtime handed back (harness.runtime.validate's rule for every answer)."""
+    try:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            return f"returned {safe_repr(value)}; expected a list of process ids (ints > 0)"
+        return None
+    except Exception as exc:  # noqa: BLE001 - the answer is what is broken
+        return (f"returned {safe_repr(value)}, which the harness could not even inspect "
+                f"({describe_exception(exc, 300)})")
 
 
 def reap_ended() -> int:

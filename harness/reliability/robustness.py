@@ -34,12 +34,11 @@ from pathlib import Path
 import pytest
 
 from harness.reliability import isolation, workers
-from harness.reliability.hangs import ENGINE_FIXTURES, KIND_ATTRIBUTE, Hang, HangRecord, kind_of
+from harness.reliability.hangs import ENGINE_FIXTURES, KIND_ATTRIBUTE, REPORT_PLUGIN, Hang, HangRecord, kind_of
 from harness.reliability.processes import AFTER_EXIT_S, ProcessWatch
 from harness.reliability.safe import bounded, describe_exception, safe_str
 from harness.reliability.watchdog import Watchdog
 from harness.reliability.witness import CLIENT, role
-from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
 
 REPORT_LIMIT = 20_000  # characters of a failure's text or a captured-output section
 RUNTIME_FIXTURES = {"runtime", "engines", "engine_factory", "bench_engines"}  # tests that run runtime code

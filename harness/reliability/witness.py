@@ -1,7 +1,7 @@
 """A witness outside the process that runs the tests: when that process dies, someone says so.
 
 A process killed by a signal, ended by `os._exit`, or ended by the watchdog can say nothing
-afterwards. Its witness can: in a plain run the supervisor (harness.reliability.supervisor: pytest
+afterwards. Its witness can: in a plain run the supervisor (harness.supervisor: pytest
 forks, the child runs the session, the parent waits for it), under xdist the controller
 (harness.reliability.workers). Over a Unix socket, the test process tells its witness which test
 and phase it is in, and hands it pytest's capture files (what a test prints goes there, and each
@@ -22,9 +22,8 @@ import time
 
 import pytest
 
-from harness.reliability.hangs import kind_of
+from harness.reliability.hangs import REPORT_PLUGIN, kind_of
 from harness.reliability.safe import bounded
-from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
 
 CLIENT = "cudagraph-conformance-witness"  # the test process's side, as a registered plugin
 SOCKET_KEY = "cudagraph_conformance_witness"  # xdist workerinput: the controller's socket path

@@ -21,9 +21,8 @@ import time
 import pytest
 
 from harness.reliability import processes
-from harness.reliability.hangs import KIND_ATTRIBUTE, Hang, HangRecord
+from harness.reliability.hangs import KIND_ATTRIBUTE, REPORT_PLUGIN, Hang, HangRecord
 from harness.reliability.witness import CLIENT, SOCKET_KEY, Client, Ending, Witnessed, role
-from harness.reports.report import PLUGIN_NAME as REPORT_PLUGIN
 
 HANGS_KEY = "cudagraph_conformance_hangs"  # xdist workerinput: hangs in a row so far
 ENDED_KEY = "cudagraph_conformance_ended"  # xdist workeroutput: what a worker ended as its session ended

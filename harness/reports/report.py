@@ -28,6 +28,7 @@ from harness.reports import render
 from harness.session import coverage
 from harness.session.machine import cuda_available, torch_version
 from harness.reports.records import SCHEMA_VERSION
+from harness.reliability.hangs import REPORT_PLUGIN as PLUGIN_NAME
 from harness.reliability.safe import describe_exception, safe_str
 
 if sys.version_info >= (3, 11):
@@ -36,7 +37,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 FLUSH_SECONDS = 5.0
-PLUGIN_NAME = "cudagraph-conformance-report"
 NOT_APPLICABLE = pytest.StashKey[dict]()  # the tests --only-declared deselected: {why: how many}
 NOT_APPLICABLE_KEY = "cudagraph_not_applicable"  # the same, in an xdist worker's workeroutput
 

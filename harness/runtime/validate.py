@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
+from harness.reliability.processes import pids  # noqa: F401 (checked where processes are watched)
 from harness.reliability.safe import describe_exception, safe_repr
 from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES
 
@@ -272,14 +273,6 @@ def engine(value) -> str | None:
 def addresses(value) -> str | None:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and _is_int(v) for k, v in value.items()):
         return f"returned {safe_repr(value)}; expected a mapping of static buffer names to int addresses"
-    return None
-
-
-@_never_raises
-def pids(value) -> str | None:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(_is_int(v) and v > 0
-                                                                                     for v in value):
-        return f"returned {safe_repr(value)}; expected a list of process ids (ints > 0)"
     return None
 
 

@@ -16,6 +16,7 @@ import os
 import pytest
 
 from harness.session import machine
+from harness.session.stash import CONFORMANCE, conformance_of
 
 
 def uses_the_anchor(item) -> bool:
@@ -37,8 +38,6 @@ def runs_the_anchor(items) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected, and the harness has marked its skips
 def pytest_collection_modifyitems(session, config, items) -> None:
-    from harness.plugin import conformance_of
-
     c = conformance_of(config)
     if (c.graph_backend is None or not runs_the_anchor(items)
             or not wanted(config.getoption("anchor_process"), worker=hasattr(config, "workerinput"),
@@ -52,8 +51,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session) -> None:
-    from harness.plugin import CONFORMANCE
-
     c = session.config.stash.get(CONFORMANCE, None)
     if c is not None and c.anchor is not None:
         c.anchor.close()

@@ -35,6 +35,7 @@ import pytest
 from harness.reliability import processes
 from harness.reliability.safe import describe_exception
 from harness.reliability.witness import CLIENT, Client, Ending, Witnessed, role
+from harness.reports import render
 
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 SHOWN = 10  # tests not run, named on the terminal
@@ -193,8 +194,6 @@ class Supervisor:
         header, directory = self.seen.header, self.config.getoption("report_dir", None)
         if header is None or directory is None:
             return None
-        from harness.reports import render
-
         data = {**header, "seconds": round(time.time() - header.get("started", time.time()), 3), "complete": False,
                 "summary": dict(summary), "tests": [tests[n] for n in sorted(tests)]}
         stem = Path(directory) / f"conformance-{header['runtime']}"

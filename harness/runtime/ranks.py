@@ -29,10 +29,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-from harness.expectations import expected, kv
+from harness.expectations import expected, kv, presets
 from harness.session import machine
 from harness.scenarios.batches import describe_batch
+from harness.reliability import processes
 from harness.reliability.processes import harness_owned
+from harness.runtime import validate
 from harness.reliability.safe import safe_str
 
 # A step takes milliseconds on the emulator or a GPU; one that waits on a collective another rank
@@ -253,8 +255,6 @@ def close_all() -> None:
     for current in _POOLS.values():
         current.close()
     _POOLS.clear()
-    from harness.reliability import processes
-
     processes.terminate(processes.owned(OWNER))
 
 
@@ -332,9 +332,6 @@ def _join(rank: int, world: int, backend: str, port: int) -> str:
 
 
 def _build(engines, rank, world, device, key, runtime, config) -> dict:
-    from harness.expectations import presets
-    from harness.runtime import validate
-
     engine = runtime.build(replace(config, device=device, data_parallel=(rank, world)))
     report = engine.capture()
     problem = validate.capture_report(report) or validate.resolution(engine.resolution)
@@ -349,8 +346,7 @@ def _drop(engines, rank, world, device, key) -> None:
 
 
 def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
-    from harness.runtime import validate
-    from harness.graphs.log import LOG
+    from harness.graphs.log import LOG  # torch: a rank process has it preloaded, the pool's process never imports it
 
     engine, vocab = engines[key]
     before = engine.kv_snapshot() if kv_inspection else None
