@@ -6,12 +6,18 @@ capabilities promise; the harness calls nothing else. Policy operations answer q
 Types are plain data (strings from harness.vocabulary, ints, tensors), so a runtime from any
 package can answer without importing more than this module. docs/authoring.md gives each
 operation's contract with a failing example.
+
+Sizes have one name each: `num_real_tokens` and `num_real_rows` count what a batch brings,
+`num_padded_tokens` and `num_padded_rows` what a step or a graph runs at (real rows first, then
+padding). `size` means a capture size only. The 0.3.0 names stay as deprecated aliases
+(harness/moved.py: `RENAMED`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
+from harness.moved import renamed
 from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
 
 
@@ -96,12 +102,14 @@ class PolicyConfig:
         return 1 + self.num_speculative_tokens
 
 
+@renamed(num_tokens="num_padded_tokens", num_reqs="num_padded_rows")
 @dataclass(frozen=True)
 class Descriptor:
-    """A graph key (vLLM's BatchDescriptor). num_reqs is None on relaxed keys."""
+    """A graph key (vLLM's BatchDescriptor): the padded sizes the step runs at (the real ones on an
+    eager step, which pads nothing). num_padded_rows is None on relaxed keys."""
 
-    num_tokens: int
-    num_reqs: int | None = None
+    num_padded_tokens: int
+    num_padded_rows: int | None = None
     uniform: bool = False
     has_lora: bool = False
     num_active_loras: int = 0
@@ -133,12 +141,13 @@ class Resolution:
     warnings: tuple[str, ...] = ()
 
 
+@renamed(num_tokens="num_real_tokens", num_reqs="num_real_rows")
 @dataclass(frozen=True)
 class RankBatch:
-    """One data-parallel rank's batch before the ranks agree."""
+    """One data-parallel rank's batch before the ranks agree: its real sizes."""
 
-    num_tokens: int
-    num_reqs: int | None = None
+    num_real_tokens: int
+    num_real_rows: int | None = None
     uniform: bool = False
 
 
@@ -156,8 +165,9 @@ class Runtime(Protocol):
     capabilities: Capabilities
 
     def capture_sizes(self, config: PolicyConfig) -> Sequence[int]: ...
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None: ...  # None: eager
-    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
+    # The harness passes the sizes by position: a runtime may name its parameters as it likes.
+    def padded_size(self, config: PolicyConfig, num_real_tokens: int) -> int | None: ...  # None: eager
+    def dispatch(self, config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None,
                  uniform: bool = False, num_active_loras: int = 0) -> Dispatch: ...
     def resolve_mode(self, request: ResolveRequest) -> Resolution: ...
     def dp_dispatch(self, config: PolicyConfig, ranks: Sequence[RankBatch]) -> list[Dispatch]: ...
@@ -198,12 +208,13 @@ class Request:
     num_rejected_tokens: int = 0
 
 
+@renamed(num_tokens="num_real_tokens", padded_num_tokens="num_padded_tokens")
 @dataclass
 class StepResult:
-    logits: Any  # [num_tokens, vocab] tensor, one row per real token in request order
+    logits: Any  # [num_real_tokens, vocab] tensor, one row per real token in request order
     runtime_mode: str  # what actually ran: one of RUNTIME_MODES
-    num_tokens: int  # real tokens
-    padded_num_tokens: int  # tokens the step ran at
+    num_real_tokens: int  # tokens the requests brought
+    num_padded_tokens: int  # tokens the step ran at
 
 
 @dataclass
@@ -214,9 +225,9 @@ class StepInputs:
     request order, then the rows that pad the batch), each None where the runtime does not expose
     it, with the reason in `not_exposed`."""
 
-    token_ids: Any  # [padded_num_tokens] integer tensor
-    positions: Any  # [padded_num_tokens]
-    slot_mapping: Any  # [padded_num_tokens]; padded rows hold `padding_slot`
+    token_ids: Any  # [num_padded_tokens] integer tensor
+    positions: Any  # [num_padded_tokens]
+    slot_mapping: Any  # [num_padded_tokens]; padded rows hold `padding_slot`
     padding_slot: int = -1  # the slot id that writes nothing
     # Request rows: real rows first, then padded rows (as many as the step staged).
     seq_lens: Any = None  # [num_padded_rows] each row's context after the step
@@ -233,7 +244,7 @@ class CaptureReport:
     graphs: Mapping[str, int]  # runtime mode -> graphs captured
     seconds: float
     memory_bytes: int | None  # graph memory; None where it cannot be measured
-    order: Sequence[tuple[str, int]] = ()  # (runtime mode, num_tokens) in capture order
+    order: Sequence[tuple[str, int]] = ()  # (runtime mode, capture size in tokens) in capture order
 
 
 class Engine(Protocol):
@@ -246,7 +257,7 @@ class Engine(Protocol):
     # on mode and size itself; an idle rank calls step([]), runs a dummy batch and returns logits of
     # shape [0, vocab] with the mode and padded size it ran. eager_step() never communicates.
     def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult: ...
-    def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult: ...
+    def eager_step(self, requests: Sequence[Request], num_padded_tokens: int) -> StepResult: ...  # by position
     def release(self, request_id: int) -> None: ...  # forget a request, free its KV
     def static_buffer_addresses(self) -> Mapping[str, int]: ...  # graph inputs only, by name
     def kv_snapshot(self) -> Any: ...  # kv_inspection: every KV slot, slot first

@@ -126,15 +126,15 @@ def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0
 
 
 # -- padding (spec section 4) -----------------------------------------------------------------
-def padded(sizes, num_tokens: int) -> int | None:
-    """The smallest capture size that holds num_tokens; None above the largest (runs eager)."""
+def padded(sizes, num_real_tokens: int) -> int | None:
+    """The smallest capture size that holds num_real_tokens; None above the largest (runs eager)."""
     sizes = sorted(sizes)
-    index = bisect.bisect_left(sizes, num_tokens)
+    index = bisect.bisect_left(sizes, num_real_tokens)
     return sizes[index] if index < len(sizes) else None
 
 
-def waste_percent(num_tokens: int, padded_to: int) -> float:
-    return 100.0 * (padded_to - num_tokens) / padded_to
+def waste_percent(num_real_tokens: int, padded_to: int) -> float:
+    return 100.0 * (padded_to - num_real_tokens) / padded_to
 
 
 # -- where an expected value comes from (every failure message names one) ---------------------

@@ -43,7 +43,7 @@ def _dispatcher(config: p.PolicyConfig) -> policy.Dispatcher:
 
 
 def _descriptor(key: policy.BatchDescriptor) -> p.Descriptor:
-    return p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora, key.num_active_loras)
+    return p.Descriptor(key.num_padded_tokens, key.num_padded_rows, key.uniform, key.has_lora, key.num_active_loras)
 
 
 class ReferenceRuntime:
@@ -63,12 +63,12 @@ class ReferenceRuntime:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return policy.capture_sizes(to_policy_config(config))
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         # The table of the sizes this runtime answers (a subclass may answer others), built once per grid.
-        return _padding_table(tuple(self.capture_sizes(config))).padded(num_tokens)
+        return _padding_table(tuple(self.capture_sizes(config))).padded(num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        mode, key = _dispatcher(config).dispatch(num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        mode, key = _dispatcher(config).dispatch(num_real_tokens, num_real_rows, uniform, num_active_loras)
         return p.Dispatch(mode.name, _descriptor(key))
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
@@ -82,7 +82,7 @@ class ReferenceRuntime:
         return p.Resolution(result.requested.name, result.resolved.name, result.warnings)
 
     def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
-        batches = [(r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        batches = [(r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         return [p.Dispatch(mode.name, _descriptor(key)) for mode, key in policy.dp_dispatch(_dispatcher(config), batches)]
 
     # -- execution ----------------------------------------------------------------------

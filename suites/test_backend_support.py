@@ -49,8 +49,8 @@ def test_declared_level_holds_in_full_graphs(check, engines, attention_backend):
     for requests, started in batches(engines, seqs, kinds, 1 + spec):
         out = engine.step(requests)
         full += out.runtime_mode == "FULL"
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
-                        case=f"{describe_batch(requests)}; at {out.padded_num_tokens}",
+        check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER,
+                        case=f"{describe_batch(requests)}; at {out.num_padded_tokens}",
                         what=f"backend {name!r} declares {level}, but its {out.runtime_mode} graph differs from eager")
         for request_id in started:
             engine.release(request_id)

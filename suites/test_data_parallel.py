@@ -72,18 +72,18 @@ def test_ranks_agree_and_never_move_up(check, runtime, seqs, data):
 
 def _agree_and_never_move_up(check, runtime, config, ranks):
     agreed = runtime.dp_dispatch(config, ranks)
-    alone = [runtime.dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+    alone = [runtime.dispatch(config, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
     check.that(len({d.runtime_mode for d in agreed}) == 1, what="every rank runs the same mode", case=config,
                ranks=ranks, agreed=agreed)
     if agreed[0].runtime_mode == "NONE":
-        check.that(all(d.descriptor.num_tokens in (r.num_tokens, a.descriptor.num_tokens)
+        check.that(all(d.descriptor.num_padded_tokens in (r.num_real_tokens, a.descriptor.num_padded_tokens)
                        for d, r, a in zip(agreed, ranks, alone)), source=OWN_POLICY, case=config,
                    what="agreed on eager, a rank runs at its own size (as its own dispatch chose)", ranks=ranks,
                    agreed=agreed)
     else:
-        check.that(len({d.descriptor.num_tokens for d in agreed}) == 1, what="every rank runs the same padded size",
+        check.that(len({d.descriptor.num_padded_tokens for d in agreed}) == 1, what="every rank runs the same padded size",
                    case=config, ranks=ranks, agreed=agreed)
-        check.that(all(d.descriptor.num_tokens >= r.num_tokens for d, r in zip(agreed, ranks)), case=config,
+        check.that(all(d.descriptor.num_padded_tokens >= r.num_real_tokens for d, r in zip(agreed, ranks)), case=config,
                    what="no rank is padded below its batch", ranks=ranks, agreed=agreed)
     floor = lowest(d.runtime_mode for d in alone)
     check.that(RUNTIME_MODES.index(agreed[0].runtime_mode) <= RUNTIME_MODES.index(floor), source=OWN_POLICY,

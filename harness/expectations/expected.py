@@ -113,11 +113,11 @@ def launches_problem(runtime_mode: str, pieces: int | None, seen: int) -> str | 
 
 
 def eager_step_problem(runtime_mode: str, padded: int, asked: int, seen: int) -> str | None:
-    """What is wrong with an eager_step(padded_num_tokens=asked) that reported `runtime_mode` at
+    """What is wrong with an eager_step(num_padded_tokens=asked) that reported `runtime_mode` at
     `padded` after `seen` graph launches (None: nothing): it must run eager, at that size, no graph."""
     if (runtime_mode, padded, seen) == ("NONE", asked, 0):
         return None
-    return (f"eager_step(padded_num_tokens={asked}) must run eager at that size: it ran {runtime_mode} at "
+    return (f"eager_step(num_padded_tokens={asked}) must run eager at that size: it ran {runtime_mode} at "
             f"{padded} with {seen} graph launches")
 
 

@@ -135,16 +135,16 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
     return min(cases)
 
 
-def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+def dispatch(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES)) -> Dispatch:
     """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
     if config.runner == "v2":
-        return dispatch_v2(config, num_tokens, num_reqs, uniform, num_active_loras)
-    eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
+        return dispatch_v2(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
+    eager = Dispatch("NONE", Descriptor(num_real_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
     sizes = capture_sizes(config)
-    p = padded(sizes, num_tokens)
+    p = padded(sizes, num_real_tokens)
     if p is None or allowed <= {"NONE"}:
         return eager
     keys = _graph_keys(config)
@@ -163,30 +163,30 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
     return eager
 
 
-def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+def dispatch_v2(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                 num_active_loras: int = 0) -> Dispatch:
     """docs/runners.md, V2: for FULL, then PIECEWISE, the keys of that mode at the smallest size that
     holds the batch; the first one the batch fits (a uniform key takes only uniform batches, and no
     more requests than it has) wins. Eager keeps the request and adapter counts. OLD: one search over
     both modes' keys, at the smallest size any of them has (docs/spec.md section 11)."""
     q = config.query_len
-    if num_reqs is None:
-        num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
+    if num_real_rows is None:
+        num_real_rows = num_real_tokens // q if uniform else min(num_real_tokens, config.max_num_seqs)
     loras = active_lora_case(config, num_active_loras)
-    if config.mode != "NONE" and num_tokens <= max(_capture_sizes(config), default=0):
+    if config.mode != "NONE" and num_real_tokens <= max(_capture_sizes(config), default=0):
         keys = _graph_keys(config)
         searches = [("FULL", "PIECEWISE")] if config.vllm_version == OLD else [("FULL",), ("PIECEWISE",)]
         for modes in searches:
             holding = [(mode, k) for mode in modes for k in keys[mode]
-                       if k.num_tokens >= num_tokens and k.num_active_loras == loras]
+                       if k.num_padded_tokens >= num_real_tokens and k.num_active_loras == loras]
             if not holding:
                 continue
-            least = min(k.num_tokens for _, k in holding)
-            fits = [(mode, k) for mode, k in holding if k.num_tokens == least and (uniform or not k.uniform)
-                    and (k.num_reqs is None or k.num_reqs >= num_reqs)]
+            least = min(k.num_padded_tokens for _, k in holding)
+            fits = [(mode, k) for mode, k in holding if k.num_padded_tokens == least and (uniform or not k.uniform)
+                    and (k.num_padded_rows is None or k.num_padded_rows >= num_real_rows)]
             if fits:
                 return Dispatch(*min(fits, key=lambda fit: modes.index(fit[0])))
-    return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))
+    return Dispatch("NONE", Descriptor(num_real_tokens, num_real_rows, False, loras > 0, loras))
 
 
 def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
@@ -195,18 +195,18 @@ def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
     if all are) and run their own unpadded size on eager (docs/runners.md)."""
     if config.vllm_version == OLD:
         raise ValueError(f"the harness does not model vLLM {OLD}'s data-parallel agreement (harness.vocabulary.VLLM_RELEASES)")
-    local = [dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+    local = [dispatch(config, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local
     agreed = lowest(d.runtime_mode for d in local)
     if config.runner == "v2":
         if agreed == "NONE":  # each rank eager at its own unpadded size
-            return [dispatch_v2(replace(config, mode="NONE"), r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
-        size = max(r.num_tokens for r in ranks)
+            return [dispatch_v2(replace(config, mode="NONE"), r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
+        size = max(r.num_real_tokens for r in ranks)
         together = all(r.uniform for r in ranks)
-        return [dispatch_v2(config, size, r.num_reqs, together) for r in ranks]
+        return [dispatch_v2(config, size, r.num_real_rows, together) for r in ranks]
     if agreed == "NONE":  # no data-parallel padding; each rank runs eager at its own dispatched size
-        return [Dispatch("NONE", Descriptor(d.descriptor.num_tokens)) for d in local]
-    size = max(d.descriptor.num_tokens for d in local)
+        return [Dispatch("NONE", Descriptor(d.descriptor.num_padded_tokens)) for d in local]
+    size = max(d.descriptor.num_padded_tokens for d in local)
     return [dispatch(config, size, None, r.uniform and size % config.query_len == 0, allowed=frozenset({agreed}))
             for r in ranks]

@@ -16,6 +16,13 @@ from reference_runtime import policy
 from reference_runtime.policy.resolve import config_time_mode
 
 KEY_FIELDS = ("num_tokens", "num_reqs", "uniform", "has_lora", "num_active_loras")
+# vLLM's tests name a key's sizes as vLLM's BatchDescriptor does; ours name them as padded.
+VLLM_NAMES = {"num_padded_tokens": "num_tokens", "num_padded_rows": "num_reqs"}
+
+
+def key_fields(key) -> dict:
+    """A graph key's fields under vLLM's names, as its tests write them."""
+    return {VLLM_NAMES.get(name, name): value for name, value in asdict(key).items()}
 
 
 def sizes_of(value) -> tuple[int, ...] | None:
@@ -57,23 +64,23 @@ class Calculator:
         return {mode.name: len(found) for mode, found in keys.items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode.name: {k.num_tokens for k in found} for mode, found in self.dispatcher(config).keys.items()}
+        return {mode.name: {k.num_padded_tokens for k in found} for mode, found in self.dispatcher(config).keys.items()}
 
     def full_decode_keys(self, config: dict) -> list[dict]:
-        return [asdict(k) for k in self.dispatcher(config).keys[policy.CUDAGraphMode.FULL] if k.uniform]
+        return [key_fields(k) for k in self.dispatcher(config).keys[policy.CUDAGraphMode.FULL] if k.uniform]
 
     def decode_query_lens(self, config: dict) -> list[int]:
         return self.dispatcher(config).decode_query_lens
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
-        return [(mode.name, [asdict(k) for k in keys]) for mode, keys in self.dispatcher(config, initialized).capture_keys()]
+        return [(mode.name, [key_fields(k) for k in keys]) for mode, keys in self.dispatcher(config, initialized).capture_keys()]
 
-    def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
+    def dispatch(self, config: dict, num_real_tokens: int, num_real_rows: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(policy.CUDAGraphMode[m] for m in allowed_modes) if allowed_modes else \
             frozenset(policy.CUDAGraphMode[m] for m in protocol.RUNTIME_MODES)
-        mode, key = self.dispatcher(config).dispatch(num_tokens, num_reqs, uniform, 0, allowed)
-        return mode.name, asdict(key)
+        mode, key = self.dispatcher(config).dispatch(num_real_tokens, num_real_rows, uniform, 0, allowed)
+        return mode.name, key_fields(key)
 
     def dispatcher_refuses(self, mode: str, piecewise_capture: bool) -> bool:
         try:
@@ -134,20 +141,20 @@ class Calculator025(Calculator):
         return {mode: len(keys) for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode: {k.num_tokens for k in keys} for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
+        return {mode: {k.num_padded_tokens for k in keys} for mode, keys in oracle.graph_keys(self._oracle_config(config)).items()}
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
         if not initialized:
             return []
         keys = oracle.graph_keys(self._oracle_config(config))
-        return [(mode, [asdict(k) for k in sorted(keys[mode], key=lambda k: -k.num_tokens)])
+        return [(mode, [key_fields(k) for k in sorted(keys[mode], key=lambda k: -k.num_padded_tokens)])
                 for mode in ("PIECEWISE", "FULL") if keys[mode]]
 
-    def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
+    def dispatch(self, config: dict, num_real_tokens: int, num_real_rows: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(allowed_modes or protocol.RUNTIME_MODES)
-        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed)
-        return found.runtime_mode, asdict(found.descriptor)
+        found = oracle.dispatch(self._oracle_config(config), num_real_tokens, num_real_rows, uniform, 0, allowed)
+        return found.runtime_mode, key_fields(found.descriptor)
 
 
 CALCULATORS = {"0.33": Calculator, "0.25": Calculator025}

@@ -78,12 +78,12 @@ class VllmV1Policy(VllmPolicy):
         sizes = tuple(sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())) if mode.name != "NONE" else ()
         return Answer(sizes, mode.name, tuple(warnings), dispatcher)
 
-    def dispatch(self, config: p.PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+    def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
         """CudagraphDispatcher.dispatch as the V1 runner calls it (_determine_batch_execution_and_padding):
         uniform_decode means every request brings q tokens; V1 does not take a request count."""
         dispatcher = self.answer(config).dispatcher
-        mode, desc = dispatcher.dispatch(num_tokens=num_tokens, uniform_decode=uniform,
+        mode, desc = dispatcher.dispatch(num_tokens=num_real_tokens, uniform_decode=uniform,  # vLLM's own name
                                          has_lora=num_active_loras > 0, num_active_loras=num_active_loras)
         return as_dispatch(mode, desc)
 

@@ -185,19 +185,19 @@ class VllmPolicyRuntime:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return list(self._dispatcher(config).compilation_config.cudagraph_capture_sizes)
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         dispatcher = self._dispatcher(config)
         if config.runner == "v2":
             # V2 keeps no padding table: its mixed routine pads to the smallest capture size.
-            return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_tokens)
+            return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_real_tokens)
         table = getattr(dispatcher, "_bs_to_padded_graph_size", None)  # built only when graphs are on
-        return table[num_tokens] if table is not None and num_tokens < len(table) else None
+        return table[num_real_tokens] if table is not None and num_real_tokens < len(table) else None
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         dispatcher = self._dispatcher(config)
         if config.runner == "v2":
-            return self._dispatch_v2(config, dispatcher, num_tokens, num_reqs, uniform, num_active_loras)
-        return self._dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras)
+            return self._dispatch_v2(config, dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
+        return self._dispatch(dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         from vllm.config import CompilationMode
@@ -232,16 +232,16 @@ class VllmPolicyRuntime:
         from vllm.v1.worker import dp_utils
 
         dispatcher = self._dispatcher(config)
-        local = [self._dispatch(dispatcher, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        local = [self._dispatch(dispatcher, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         if len(ranks) == 1:  # coordinate_batch_across_dp returns early at data_parallel_size 1
             return local
         reduced = torch.zeros(4, len(ranks), dtype=torch.int32)  # the layout of dp_utils._run_ar
         for i, (rank, mine) in enumerate(zip(ranks, local)):
-            reduced[0][i], reduced[1][i] = rank.num_tokens, mine.descriptor.num_tokens
+            reduced[0][i], reduced[1][i] = rank.num_real_tokens, mine.descriptor.num_padded_tokens
             reduced[3][i] = CUDAGraphMode[mine.runtime_mode].value
         synced_mode = dp_utils._post_process_cudagraph_mode(reduced)
         sizes = dp_utils._post_process_dp_padding(reduced, should_dp_pad=synced_mode != 0)
-        return [self._dispatch(dispatcher, int(sizes[i]), rank.num_reqs, rank.uniform,
+        return [self._dispatch(dispatcher, int(sizes[i]), rank.num_real_rows, rank.uniform,
                                valid_modes={CUDAGraphMode(synced_mode)}) for i, rank in enumerate(ranks)]
 
     def _dp_dispatch_v2(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
@@ -252,9 +252,9 @@ class VllmPolicyRuntime:
 
         manager = self._dispatcher(config)
         q = config.query_len
-        batches = [(r.num_tokens, _num_reqs(config, r.num_tokens, r.num_reqs, r.uniform), r.uniform) for r in ranks]
+        batches = [(r.num_real_tokens, _num_reqs(config, r.num_real_tokens, r.num_real_rows, r.uniform), r.uniform) for r in ranks]
         if len(ranks) == 1:
-            return [self._dispatch_v2(config, manager, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+            return [self._dispatch_v2(config, manager, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         tables = []  # each rank's column of the all-reduce, as sync_cudagraph_and_dp_padding writes it
         with _collective(tables, len(ranks)) as group:
             for rank, (tokens, reqs, uniform) in enumerate(batches):
@@ -272,17 +272,17 @@ class VllmPolicyRuntime:
 
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
-    def _dispatch_v2(config, manager, num_tokens, num_reqs, uniform, num_active_loras=0) -> p.Dispatch:
+    def _dispatch_v2(config, manager, num_real_tokens, num_real_rows, uniform, num_active_loras=0) -> p.Dispatch:
         """V2's dispatch as GPUModelRunner.execute_model calls it: a uniform batch brings its
         token count per request (q) and its longest query (q); any other batch neither."""
         q = config.query_len
-        desc = manager.dispatch(_num_reqs(config, num_tokens, num_reqs, uniform), num_tokens,
+        desc = manager.dispatch(_num_reqs(config, num_real_tokens, num_real_rows, uniform), num_real_tokens,
                                 q if uniform else None, num_active_loras, max_query_len=q if uniform else None)
         return _from_v2(desc)
 
     @staticmethod
-    def _dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
-        mode, key = dispatcher.dispatch(num_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
+    def _dispatch(dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
+        mode, key = dispatcher.dispatch(num_real_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
                                         num_active_loras=num_active_loras, valid_modes=valid_modes)
         return p.Dispatch(mode.name, p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora,
                                                   key.num_active_loras))
@@ -305,11 +305,11 @@ def _stand_in(platform: type, capability: tuple[int, int], device_name: str, mem
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def _num_reqs(config: p.PolicyConfig, num_tokens: int, num_reqs: int | None, uniform: bool) -> int:
+def _num_reqs(config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None, uniform: bool) -> int:
     """V2 needs a request count; the protocol's None is the most the batch can hold."""
-    if num_reqs is not None:
-        return num_reqs
-    return num_tokens // config.query_len if uniform else min(num_tokens, config.max_num_seqs)
+    if num_real_rows is not None:
+        return num_real_rows
+    return num_real_tokens // config.query_len if uniform else min(num_real_tokens, config.max_num_seqs)
 
 
 def _from_v2(desc) -> p.Dispatch:
