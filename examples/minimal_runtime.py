@@ -29,7 +29,7 @@ from harness.vocabulary import ROUTINES
 class MinimalRuntime:
     name = "minimal"
     version = "2.0"
-    # Only what is true: its own buckets (not vllm_policy), no attention backends, no KV cache to inspect.
+    # Only what is true: its own buckets (no vLLM rules), no attention backends, no KV cache to inspect.
     capabilities = Capabilities(
         capture_sizes=True, dispatch=True, execution=True, graph_backends=("emulated", "cuda"),
         padding_fills=("zeros", "random"), notes="powers-of-two buckets up to max_num_seqs, FULL graphs only")

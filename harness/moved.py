@@ -74,6 +74,8 @@ def header_lines() -> list[str]:
 # both warning with the new name, until NAMES_REMOVED_IN.
 NAMES_REMOVED_IN = "0.4.0"
 RENAMED: dict[str, str] = {}  # "Class.old" -> "Class.new", for the docs' and the changelog's test
+# Names replaced by a value of another shape (harness/protocol.py converts each): "Class.old" -> "Class.new".
+REPLACED: dict[str, str] = {}
 
 
 def name_message(owner: str, old: str, new: str) -> str:

@@ -1,7 +1,7 @@
 """Backend support is truthful (docs/spec.md section 7, invariant 6): each attention backend's
 declared support level holds in FULL graphs for every batch kind that level admits (the graphs
 equal eager); the mode an engine resolves at build time, for one backend and for every pair (a
-hybrid model takes the weakest), is where the spec (under `vllm_policy`) or the runtime's own
+hybrid model takes the weakest), is where the spec (under `vllm_rules`) or the runtime's own
 resolve_mode() says it lands; every downgrade warns.
 """
 import itertools

@@ -3,7 +3,7 @@
 - Any runtime with `data_parallel` and `dispatch`: ranks agree on one mode and, under a graph
   mode, one padded size; no rank moves above the lowest mode any rank dispatched alone (the
   runtime's own dispatch()).
-- vLLM conformance (`vllm_policy`): the spec's examples, and drawn rank batches against the oracle,
+- vLLM conformance (`vllm_rules`): the spec's examples, and drawn rank batches against the oracle,
   for vLLM's V1 and V2 model runners (docs/runners.md says how they differ).
 
 Ranks in separate processes are tested by test_data_parallel_execution.py.
@@ -53,10 +53,10 @@ EXAMPLES = [
 ]
 
 
-@pytest.mark.requires("data_parallel", "vllm_policy")
+@pytest.mark.requires("data_parallel", "vllm_rules")
 @pytest.mark.parametrize("runner,ranks,expected", [e[1:] for e in EXAMPLES], ids=[f"{e[1]}-{e[0]}" for e in EXAMPLES])
 def test_spec_examples(check, runtime, runner, ranks, expected):
-    config = PolicyConfig(max_num_seqs=64, mode=FAP, runner=runner)
+    config = PolicyConfig(max_num_seqs=64, mode=FAP, rules=f"vllm-0.33/{runner}")
     check.equal(runtime.dp_dispatch(config, ranks), expected, source=SPEC, case=config,
                 what=f"what each rank runs for {ranks}")
 
@@ -91,12 +91,12 @@ def _agree_and_never_move_up(check, runtime, config, ranks):
                ranks=ranks, agreed=agreed, alone=alone)
 
 
-@pytest.mark.requires("data_parallel", "vllm_policy")
+@pytest.mark.requires("data_parallel", "vllm_rules")
 @given(seqs=st.sampled_from([8, 64, 264]), data=st.data())
 def test_matches_the_oracle(check, runtime, seqs, data):
     """Every config mode and both of vLLM's runners are asked about each drawn set of rank batches."""
     ranks = data.draw(rank_batches(seqs), label="ranks")
     for mode, runner in itertools.product(CONFIG_MODES, ("v1", "v2")):
-        config = PolicyConfig(max_num_seqs=seqs, mode=mode, runner=runner)
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode, rules=f"vllm-0.33/{runner}")
         check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
                     what=f"what each rank runs for {ranks}")

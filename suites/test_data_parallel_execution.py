@@ -12,7 +12,7 @@ own batch, or none (idle), and the harness observes what each ran. Checked at ev
 - an idle rank runs a dummy batch: it joins the agreed mode and size, its graph launches are
   counted like any rank's (under NONE its eager forward is not observable), and it writes no KV;
 - no rank writes a KV slot outside its real tokens' slots (an idle rank: none at all);
-- under `vllm_policy`, each rank runs what harness.expectations.oracle.dp_dispatch says (an idle rank taking
+- under `vllm_rules`, each rank runs what harness.expectations.oracle.dp_dispatch says (an idle rank taking
   part as vLLM's dummy decode of one request);
 - a rank that hangs (it waits on a collective another rank skipped) fails the step within a
   bounded time, naming the step and every rank's batch.
@@ -200,7 +200,7 @@ class DataParallelRun:
                 check.that(not r.stray_kv_slots, source=OBSERVED, case=case, stray_slots=r.stray_kv_slots[:10],
                            what=f"rank {r.rank} wrote KV slots outside its real tokens' slots" +
                                          ("" if r.requests else " (an idle rank's dummy batch must write none)"))
-        if runtime.capabilities.vllm_policy:
+        if runtime.capabilities.has("vllm_rules"):
             batches = [RankBatch(r.num_real_tokens, len(r.requests), is_uniform(r.requests, q))
                        if r.requests else RankBatch(q, 1, True) for r in ran]  # idle: vLLM's dummy decode
             want = [(d.runtime_mode, d.descriptor.num_padded_tokens) for d in oracle.dp_dispatch(policy, batches)]

@@ -1,10 +1,10 @@
 """Fallback (docs/spec.md section 7, invariant 5): above the largest capture size a step runs
 eager and unpadded and is still right; near the largest size a graph step runs at one of the
-runtime's own sizes that holds the batch (under `vllm_policy` the smallest, so at the largest
+runtime's own sizes that holds the batch (under `vllm_rules` the smallest, so at the largest
 nothing is padded); a mode the attention backends cannot honour resolves (or is rejected) as it
 should, and what then runs is right.
 
-Expected values: the runtime's own sizes and dispatch (under `vllm_policy` also the spec), where
+Expected values: the runtime's own sizes and dispatch (under `vllm_rules` also the spec), where
 the mode resolves to (the spec, or the runtime's own resolve_mode()), and an eager step of the
 same runtime at the same shape.
 """
@@ -49,7 +49,7 @@ def _around_the_max(check, engines, engine):
         if tokens > largest:  # no graph is that large, whatever the grid
             check.equal((out.runtime_mode, out.num_padded_tokens), ("NONE", tokens), source=OWN_POLICY, case=case,
                         what="above the largest size: eager and unpadded")
-        elif out.runtime_mode != "NONE" and runtime.capabilities.vllm_policy:
+        elif out.runtime_mode != "NONE" and runtime.capabilities.has("vllm_rules"):
             check.equal(out.num_padded_tokens, padded(sizes, tokens), source=SPEC, case=case,
                         what="a mixed batch pads to the smallest capture size that holds it (at the largest, nothing)")
         elif out.runtime_mode != "NONE":  # mixed batches may pad by their own buckets (SGLang's prefill does)

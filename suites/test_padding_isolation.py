@@ -130,7 +130,7 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
     `random_padding_ids` draws the ids anew each step: they are held to differ from what the step
     before left in those rows, and only positions and slots to be the same."""
     engine = engines.for_mode(mode)
-    random_ids = engines.runtime.capabilities.random_padding_ids
+    random_ids = engines.runtime.capabilities.declares("random_padding_ids")
     seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
     for n in padded_counts(engines.runtime, engine, len(seqs)):
         requests = decode_requests(seqs[:n])

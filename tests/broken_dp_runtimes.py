@@ -127,7 +127,7 @@ def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRun
 
     namespace = {"name": name, "build": build, "__doc__": broken.__doc__}
     if not policy:
-        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, vllm_policy=False,
+        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, rules=None,
                                             data_parallel=False)
         namespace["__doc__"] += " It declares no dispatch policy."
     return type(class_name or broken.__name__.lstrip("_"), (ReferenceRuntime,), namespace)

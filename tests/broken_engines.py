@@ -597,14 +597,14 @@ LazyChecksTheFirstReplayOnly = mutant(
     lazy_capture=True)
 StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
                                        with_stager(StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
-                                       random_padding_ids=True)
+                                       declarations={"random_padding_ids": True})
 RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
                                     with_stager(RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
 # Not mutants: random ids, declared, as LMDeploy's; lazy capture, declared, as torch.compile's graph
 # trees: the suites must let them pass.
 RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
                                   with_stager(RandomPaddingIdsStager), "Random padded ids, declared.",
-                                  random_padding_ids=True)
+                                  declarations={"random_padding_ids": True})
 LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", with_strategy(_LazyCheckingEveryReplay),
                              _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 

@@ -16,7 +16,7 @@ from reference_runtime.adapter import ReferenceRuntime
 class OwnPolicy(ReferenceRuntime):
     """The reference declaring a policy of its own (not vLLM's): only the generic suites apply."""
 
-    capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
+    capabilities = replace(ReferenceRuntime.capabilities, rules=None)
 
 
 class PiecewiseOnly(OwnPolicy):
@@ -254,7 +254,7 @@ class V2RoundsSizes(ReferenceRuntime):
     name = "v2-rounds-sizes"
 
     def capture_sizes(self, config):
-        return super().capture_sizes(replace(config, runner="v1"))
+        return super().capture_sizes(replace(config, rules="vllm-0.33/v1"))
 
 
 class V2ExactKeyDispatch(ReferenceRuntime):
@@ -263,7 +263,7 @@ class V2ExactKeyDispatch(ReferenceRuntime):
     name = "v2-exact-key-dispatch"
 
     def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
-        return super().dispatch(replace(config, runner="v1"), num_real_tokens, num_real_rows, uniform, num_active_loras)
+        return super().dispatch(replace(config, rules="vllm-0.33/v1"), num_real_tokens, num_real_rows, uniform, num_active_loras)
 
 
 class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
@@ -272,15 +272,15 @@ class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
     name = "v2-data-parallel-shares-padded-sizes"
 
     def dp_dispatch(self, config, ranks):
-        return super().dp_dispatch(replace(config, runner="v1"), ranks)
+        return super().dp_dispatch(replace(config, rules="vllm-0.33/v1"), ranks)
 
 
 class DeclaresVllm025AnswersVllm033(ReferenceRuntime):
-    """Declares vLLM 0.25's policy (Capabilities.vllm_version) and answers with 0.33's rules: the
+    """Declares vLLM 0.25's policy (Capabilities.rules) and answers with 0.33's rules: the
     off-grid max_num_seqs appended, V2's dispatch searching FULL keys before PIECEWISE ones."""
 
     name = "declares-vllm-0.25-answers-0.33"
-    capabilities = replace(ReferenceRuntime.capabilities, vllm_version="0.25", data_parallel=False)
+    capabilities = replace(ReferenceRuntime.capabilities, rules="vllm-0.25", data_parallel=False)
 
 
 class V2DecodeKeysPastTheMax(ReferenceRuntime):
@@ -292,7 +292,7 @@ class V2DecodeKeysPastTheMax(ReferenceRuntime):
     def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
         got = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
         q, sizes = config.query_len, self.capture_sizes(config)
-        if (config.runner != "v2" or q == 1 or not uniform or got.runtime_mode == "FULL" or num_active_loras
+        if (config.vllm_runner != "v2" or q == 1 or not uniform or got.runtime_mode == "FULL" or num_active_loras
                 or config.mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") or not sizes or num_real_tokens > sizes[-1]):
             return got
         past = sorted(w for w in (-(-s // q) * q for s in sizes) if sizes[-1] < w <= q * config.max_num_seqs)

@@ -125,3 +125,34 @@ def test_a_renamed_protocol_name_still_reads_and_constructs_with_a_deprecation_n
         warnings.simplefilter("error")
         assert getattr(value, new_name) == 5  # the new name is silent
     assert f"`{old}`" in PAGE or f"`{owner}.{old_name}`" in PAGE
+
+
+@pytest.mark.parametrize("old,value,new,expected", [
+    ("vllm_policy", True, "rules", "vllm-0.33"),
+    ("vllm_version", "0.25", "rules", None),  # a release alone declares no rules (vllm_policy did)
+    ("random_padding_ids", True, "declarations", {"random_padding_ids": True}),
+])
+def test_0_3_0_capabilities_still_construct_and_read_with_a_deprecation_naming_the_replacement(old, value, new, expected):
+    from harness.protocol import Capabilities
+
+    with pytest.warns(DeprecationWarning, match=f"Capabilities.{old} is deprecated: use Capabilities.{new}"):
+        caps = Capabilities(**{old: value})
+    assert getattr(caps, new) == expected
+    with pytest.warns(DeprecationWarning, match=f"Capabilities.{old} is deprecated"):
+        getattr(caps, old)
+    assert f"`Capabilities.{old}`" in PAGE and f"Capabilities.{old}" in moved.REPLACED
+
+
+def test_0_3_0_policy_config_runner_and_release_become_one_rules_name():
+    from harness.protocol import Capabilities, PolicyConfig
+
+    with pytest.warns(DeprecationWarning, match="is deprecated: use PolicyConfig.rules") as caught:
+        config = PolicyConfig(runner="v1", vllm_version="0.25")
+    assert sorted(str(w.message).split(" is ")[0] for w in caught) == ["PolicyConfig.runner", "PolicyConfig.vllm_version"]
+    assert config.rules == "vllm-0.25/v1" and (config.vllm_release, config.vllm_runner) == ("0.25", "v1")
+    with pytest.warns(DeprecationWarning, match="use PolicyConfig.vllm_runner"):
+        assert config.runner == "v1"
+    with pytest.warns(DeprecationWarning, match="use has\\('vllm_rules'\\)"):
+        assert Capabilities(rules="vllm-0.33").has("vllm_policy")
+    for old in ("PolicyConfig.runner", "PolicyConfig.vllm_version"):
+        assert f"`{old}`" in PAGE and old in moved.REPLACED

@@ -356,3 +356,29 @@ def test_compiled_pieces_replay_equal_their_eager_run():
     for requests in ([Request(0, (4,), 3)], [Request(0, (5,), 4), Request(1, (7, 8), 0)]):
         graph = r.step(requests)
         assert torch.equal(graph.logits, r.eager_step(requests, graph.num_padded_tokens).logits)
+
+
+def test_the_reference_policy_converts_every_field_of_the_protocols_config():
+    """The adapter converts PolicyConfig field by field: a field the protocol gains fails here until
+    the conversion handles it (it would otherwise be dropped, silently, from every answer)."""
+    import dataclasses
+
+    from harness import protocol as p
+    from reference_runtime import adapter
+
+    assert {f.name for f in dataclasses.fields(p.PolicyConfig)} == adapter.CONVERTED_FIELDS
+    converted = adapter.to_policy_config(p.PolicyConfig(max_num_seqs=9, num_speculative_tokens=1, max_loras=2,
+                                                        mode="FULL", rules="vllm-0.33/v1"))
+    assert (converted.max_num_seqs, converted.num_speculative_tokens, converted.max_loras, converted.runner) == (9, 1, 2, "v1")  # the policy's own field
+    assert converted.mode.name == "FULL"
+
+
+def test_the_field_check_fails_on_a_field_the_conversion_does_not_handle(monkeypatch):
+    import dataclasses
+
+    from harness import protocol as p
+    from reference_runtime import adapter
+
+    grown = dataclasses.make_dataclass("PolicyConfig", [("new_option", int, dataclasses.field(default=0))],
+                                       bases=(p.PolicyConfig,), frozen=True)
+    assert {f.name for f in dataclasses.fields(grown)} - adapter.CONVERTED_FIELDS == {"new_option"}

@@ -5,8 +5,8 @@ They are deliberately shaped differently from the reference runtime: sizes are a
 predicate over 1..cap instead of a generated list, keys are enumerated sets, a V2 dispatch is a
 search of those sets, and resolution is the spec table as data (in harness.vocabulary). When a
 runtime and an oracle disagree, one of them is wrong; the policy suites say which number the
-spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules, and
-`PolicyConfig.vllm_version` the release: 0.33 is the spec; 0.25's V2 runner differs in three rules
+spec asks for. `PolicyConfig.rules` ("vllm-0.33/v2") picks vLLM's release and its V1 or V2 model runner rules
+(`vllm_release`, `vllm_runner`): 0.33 is the spec; 0.25's V2 runner differs in three rules
 (docs/spec.md section 11), each marked `OLD` below.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
         if config.max_capture_size is not None and config.max_capture_size != max(chosen):
             raise ValueError("user max inconsistent with user sizes")
     else:
-        old = config.vllm_version == OLD
+        old = config.vllm_release == OLD
         if config.max_capture_size is not None:
             limit = min(config.max_capture_size, tokens)
         else:
@@ -75,7 +75,7 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
             if q > 1:
                 most = min(config.max_num_seqs, config.platform_max)
                 chosen |= {n * q for n in range(1, most + 1) if (on_grid(n) or n == most) and n * q <= limit}
-    if q > 1 and decode_is_full(config.mode) and config.runner == "v1":  # V2 rounds keys, not sizes
+    if q > 1 and decode_is_full(config.mode) and config.vllm_runner == "v1":  # V2 rounds keys, not sizes
         top = max(chosen)
         chosen = {s for s in (q * ((x + q - 1) // q) for x in chosen) if s <= top}
         if not chosen:
@@ -90,7 +90,7 @@ def lora_cases(config: PolicyConfig) -> list[int]:
         return [0]
     everything = config.max_loras + 1
     if not config.specialize_lora:  # V2 keeps graphs for batches without adapters too
-        return [everything] if config.runner == "v1" else [0, everything]
+        return [everything] if config.vllm_runner == "v1" else [0, everything]
     if not config.specialize_active_loras:
         return [0, everything]
     powers = [2**i for i in range(0, 20) if 2**i <= config.max_loras]
@@ -118,10 +118,10 @@ def _graph_keys(config: PolicyConfig) -> dict[str, frozenset[Descriptor]]:
                 keys["PIECEWISE"].add(Descriptor(s, None, False, loras > 0, loras))
             if mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
                 continue
-            if config.runner == "v1" and q <= s <= q * seqs and s % q == 0:
+            if config.vllm_runner == "v1" and q <= s <= q * seqs and s % q == 0:
                 keys["FULL"].add(Descriptor(s, s // q, True, loras > 0, loras))
             whole = q * ((s + q - 1) // q)  # V2: the size rounded up to whole requests
-            if config.runner == "v2" and whole <= min(q * seqs, max(sizes)):
+            if config.vllm_runner == "v2" and whole <= min(q * seqs, max(sizes)):
                 keys["FULL"].add(Descriptor(whole, whole // q, True, loras > 0, loras))
     return {mode: frozenset(found) for mode, found in keys.items()}
 
@@ -138,7 +138,7 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
 def dispatch(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES)) -> Dispatch:
     """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE."""
-    if config.runner == "v2":
+    if config.vllm_runner == "v2":
         return dispatch_v2(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
     eager = Dispatch("NONE", Descriptor(num_real_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
@@ -175,7 +175,7 @@ def dispatch_v2(config: PolicyConfig, num_real_tokens: int, num_real_rows: int |
     loras = active_lora_case(config, num_active_loras)
     if config.mode != "NONE" and num_real_tokens <= max(_capture_sizes(config), default=0):
         keys = _graph_keys(config)
-        searches = [("FULL", "PIECEWISE")] if config.vllm_version == OLD else [("FULL",), ("PIECEWISE",)]
+        searches = [("FULL", "PIECEWISE")] if config.vllm_release == OLD else [("FULL",), ("PIECEWISE",)]
         for modes in searches:
             holding = [(mode, k) for mode in modes for k in keys[mode]
                        if k.num_padded_tokens >= num_real_tokens and k.num_active_loras == loras]
@@ -193,13 +193,13 @@ def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
     """spec section 4, data parallel: the lowest mode, one size, never a higher mode. V1 ranks share
     padded sizes and keep their own on eager; V2 ranks share unpadded sizes (and are uniform only
     if all are) and run their own unpadded size on eager (docs/runners.md)."""
-    if config.vllm_version == OLD:
+    if config.vllm_release == OLD:
         raise ValueError(f"the harness does not model vLLM {OLD}'s data-parallel agreement (harness.vocabulary.VLLM_RELEASES)")
     local = [dispatch(config, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local
     agreed = lowest(d.runtime_mode for d in local)
-    if config.runner == "v2":
+    if config.vllm_runner == "v2":
         if agreed == "NONE":  # each rank eager at its own unpadded size
             return [dispatch_v2(replace(config, mode="NONE"), r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         size = max(r.num_real_tokens for r in ranks)

@@ -5,7 +5,7 @@ and memory counted by the harness itself rather than taken from the runtime's wo
 - `ObservedEngine` wraps a built engine. On every step it checks that the reported runtime mode
   and padded size are what the runtime's own `dispatch()` (or `padded_size()`) says for that
   batch, with `uniform` decided here (every request brings exactly q tokens), and, under
-  `vllm_policy`, what the oracle says; and that the graph launches the harness saw match the
+  `vllm_rules`, what the oracle says; and that the graph launches the harness saw match the
   reported mode (FULL: one; PIECEWISE: the pieces per size that capture reported; NONE: none).
 - `EngineFactory` builds engines through the protocol (with the harness's checkpoint for
   runtimes that load one) and caches them: capture is the costly part. Beside the default size
@@ -152,7 +152,7 @@ class ObservedEngine:
         elif result.runtime_mode != "NONE":
             check.that(result.num_padded_tokens >= n, source=OBSERVED, case=case,
                        what="a graph step runs at a size that holds the batch (padded up, never down)")
-        if caps.vllm_policy and self.captured is not None:
+        if caps.has("vllm_rules") and self.captured is not None:
             spec = oracle.dispatch(self.policy, n, num_real_rows, uniform)
             check.equal(reported, (spec.runtime_mode, spec.descriptor.num_padded_tokens), source=ORACLE,
                         case=batch, what=f"the step's mode and padded size (uniform={uniform})")
@@ -308,7 +308,7 @@ class EngineFactory:
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
                               max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
                               num_speculative_tokens=spec, mode=mode)
-        if self.runtime.capabilities.vllm_policy:  # held to the rules of the release it declares
+        if self.runtime.capabilities.has("vllm_rules"):  # held to the rules of the release it declares
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,

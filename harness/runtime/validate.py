@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from harness.reliability.safe import describe_exception, safe_repr
-from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES
+from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES, parse_rules
 
 ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 
@@ -46,12 +46,22 @@ def declarations(capabilities) -> str | None:
     if not _is_int(kept) or kept < 0:
         return (f"Capabilities.memory_kept_per_build={safe_repr(kept)}; declare the device bytes a closed engine "
                 "may leave allocated, an int >= 0 (0: close() releases everything)")
-    release = VLLM_RELEASES.get(capabilities.vllm_version)
+    rules = getattr(capabilities, "rules", None)
+    try:
+        parsed = parse_rules(rules)
+    except ValueError as error:
+        return f"Capabilities.rules={safe_repr(rules)}: {error}"
+    if parsed.family != "vllm":
+        return None  # another engine's rules, or its own: held to its own answers
+    release = VLLM_RELEASES.get(parsed.release)
     if release is None:
-        return (f"Capabilities.vllm_version={safe_repr(capabilities.vllm_version)} is not a vLLM release whose policy "
-                f"the harness models; declare one of {', '.join(map(repr, VLLM_RELEASES))} (docs/spec.md section 11)")
-    if capabilities.vllm_policy and capabilities.data_parallel and not release.data_parallel:
-        return (f"Capabilities.vllm_version={capabilities.vllm_version!r} with data_parallel: the harness models the "
+        return (f"Capabilities.rules={rules!r}: {parsed.release!r} is not a vLLM release whose policy the harness "
+                f"models; declare one of {', '.join(repr(f'vllm-{v}') for v in VLLM_RELEASES)} (docs/spec.md section 11)")
+    if parsed.runner is not None and parsed.runner not in release.runners:
+        return (f"Capabilities.rules={rules!r}: the harness models vLLM {parsed.release}'s runner(s) "
+                f"{', '.join(release.runners)} only")
+    if capabilities.data_parallel and not release.data_parallel:
+        return (f"Capabilities.rules={rules!r} with data_parallel: the harness models the "
                 f"data-parallel agreement of vLLM {', '.join(v for v, r in VLLM_RELEASES.items() if r.data_parallel)} "
                 "only; declare that release, or data_parallel=False")
     return None

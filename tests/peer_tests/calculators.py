@@ -131,8 +131,9 @@ class Calculator025(Calculator):
     release = "0.25"
 
     def _oracle_config(self, config: dict) -> protocol.PolicyConfig:
-        return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes")),
-                                        "vllm_version": self.release})
+        fields = {name: value for name, value in config.items() if name != "runner"}  # vLLM's word, a rules name here
+        return protocol.PolicyConfig(**{**fields, "capture_sizes": sizes_of(config.get("capture_sizes")),
+                                        "rules": f"vllm-{self.release}/{config.get('runner', 'v2')}"})
 
     def capture_sizes(self, config: dict) -> list[int]:
         return oracle.capture_sizes(self._oracle_config(config))

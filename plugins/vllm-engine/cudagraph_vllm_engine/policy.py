@@ -32,7 +32,7 @@ class Answer:
 
 
 def check_version(version: str) -> None:
-    """This runtime declares vLLM 0.25's rules (Capabilities.vllm_version): another release would
+    """This runtime declares vLLM 0.25's rules (Capabilities.rules): another release would
     answer with rules of its own under that declaration."""
     if not (version == VERSION or version.startswith(VERSION + ".")):
         raise RuntimeError(f"this runtime declares vLLM {VERSION}'s graph policy and answers with vLLM's own code, "

@@ -11,7 +11,7 @@ import dataclasses
 from harness import protocol as p
 
 from . import settings
-from .policy import Answer, VllmPolicy
+from .policy import VERSION, Answer, VllmPolicy
 
 # vLLM 0.25 reads this when a VllmConfig asks which runner to use (envs.py, VllmConfig.use_v2_model_runner).
 RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
@@ -96,7 +96,7 @@ class VllmV1Policy(VllmPolicy):
             compilation = {"mode": 0}
         else:
             compilation = {}
-        config = p.PolicyConfig(mode=request.mode, runner="v1")
+        config = p.PolicyConfig(mode=request.mode, rules=f"vllm-{VERSION}/v1")
         with settings.collect_cudagraph_warnings() as warnings:
             vllm_config = settings.create_vllm_config(v1_args(self.model_dir, config, compilation=compilation))
             mode = resolve_v1(vllm_config, AttentionCGSupport[request.support],

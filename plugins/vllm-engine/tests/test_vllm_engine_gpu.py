@@ -45,7 +45,7 @@ def engine(runtime):
 def test_policy_is_the_oracles_for_vllm_025(runtime, seqs):
     """The sizes and keys vLLM 0.25's code gives on the GPU are the oracle's for 0.25 (docs/spec.md section 11)."""
     for mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
-        config = PolicyConfig(max_num_seqs=seqs, mode=mode, vllm_version="0.25")
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode, rules="vllm-0.25/v2")
         assert runtime.capture_sizes(config) == oracle.capture_sizes(config)
         for tokens in range(1, max(runtime.capture_sizes(config)) + 2):
             for reqs, uniform in ((min(tokens, seqs), tokens <= seqs), (1, False)):

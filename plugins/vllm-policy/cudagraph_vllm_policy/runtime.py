@@ -1,6 +1,6 @@
 """The `vllm-policy` runtime: the installed vLLM's own graph policy behind the harness protocol.
 
-`PolicyConfig.runner` picks the model runner whose code answers (VLLM_USE_V2_MODEL_RUNNER is set
+`PolicyConfig.rules` picks the model runner whose code answers (VLLM_USE_V2_MODEL_RUNNER is set
 to match for the length of each question). Every answer comes from vLLM's code, called as that
 runner calls it:
 
@@ -65,9 +65,9 @@ class VllmPolicyRuntime:
     name = "vllm-policy"
     known_failures = str(KNOWN_FAILURES)
     capabilities = p.Capabilities(
-        capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True,
+        capture_sizes=True, rules="vllm-0.33", dispatch=True, mode_resolution=True, data_parallel=True,
         lora=True, speculative=True,
-        notes=("policy only, answered by the installed vLLM's code for the runner PolicyConfig.runner names "
+        notes=("policy only, answered by the installed vLLM's code for the runner PolicyConfig.rules names "
                "(V1: CudagraphDispatcher; V2: CudaGraphManager) with no GPU and no model weights; stood in: "
                "the platform's device queries (graph support, capability 9.0 or 10.0 for platform_max 512 or "
                "1024, device name, total memory, graph pool handle), V2's capture (the manager is marked "
@@ -87,11 +87,11 @@ class VllmPolicyRuntime:
         # them before the first test, so the harness's isolation check does not see the first test
         # that asks as changing the process's environment.
         for runner in ("v1", "v2"):
-            self.capture_sizes(p.PolicyConfig(runner=runner))
+            self.capture_sizes(p.PolicyConfig(rules=f"vllm-0.33/{runner}"))
 
     # -- vLLM configs --------------------------------------------------------------------
     @contextlib.contextmanager
-    def _vllm(self, platform_max: int = 512, runner: str = p.PolicyConfig.runner):
+    def _vllm(self, platform_max: int = 512, runner: str = "v2"):
         """Stand in for the device, pick the model runner, collect vLLM's warnings, and turn its
         config assertions into ValueError (the protocol's rejection)."""
         from vllm import logger as vllm_logger
@@ -152,12 +152,12 @@ class VllmPolicyRuntime:
         V1: a CudagraphDispatcher; V2: a CudaGraphManager, marked captured."""
         from vllm.v1.attention.backend import AttentionCGSupport
 
-        v2 = config.runner == "v2"
-        with self._vllm(config.platform_max, config.runner):
+        v2 = config.vllm_runner == "v2"
+        with self._vllm(config.platform_max, config.vllm_runner):
             vllm_config = self._vllm_config(config, config.mode)
             if vllm_config.use_v2_model_runner != v2:
                 raise ValueError(f"vLLM picked the {'V2' if vllm_config.use_v2_model_runner else 'V1'} model runner "
-                                 f"for a config asking for {config.runner}")
+                                 f"for a config asking for {config.vllm_runner}")
             if not v2:
                 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
@@ -187,7 +187,7 @@ class VllmPolicyRuntime:
 
     def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         dispatcher = self._dispatcher(config)
-        if config.runner == "v2":
+        if config.vllm_runner == "v2":
             # V2 keeps no padding table: its mixed routine pads to the smallest capture size.
             return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_real_tokens)
         table = getattr(dispatcher, "_bs_to_padded_graph_size", None)  # built only when graphs are on
@@ -195,7 +195,7 @@ class VllmPolicyRuntime:
 
     def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         dispatcher = self._dispatcher(config)
-        if config.runner == "v2":
+        if config.vllm_runner == "v2":
             return self._dispatch_v2(config, dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
         return self._dispatch(dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
 
@@ -210,17 +210,17 @@ class VllmPolicyRuntime:
         else:  # the default: VLLM_COMPILE, splitting at the attention ops
             options = {}
         config = p.PolicyConfig(num_speculative_tokens=request.num_speculative_tokens)  # the default runner
-        with self._vllm(runner=config.runner) as warnings:
+        with self._vllm(runner=config.vllm_runner) as warnings:
             compilation = self._vllm_config(config, request.mode, **options).compilation_config
             # The runner's second check (vLLM 0.33): whether the loaded model gives piecewise graphs.
             capture = {} if getattr(request, "piecewise_capture", True) else dict(piecewise_capture_available=False)
             resolved = compilation.resolve_cudagraph_mode_and_sizes(
                 AttentionCGSupport[request.support], "the weakest", config.query_len,
-                use_v2_model_runner=config.runner == "v2", **capture)
+                use_v2_model_runner=config.vllm_runner == "v2", **capture)
         return p.Resolution(request.mode, resolved.name, tuple(warnings))
 
     def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
-        if config.runner == "v2":
+        if config.vllm_runner == "v2":
             return self._dp_dispatch_v2(config, ranks)
         return self._dp_dispatch_v1(config, ranks)
 
