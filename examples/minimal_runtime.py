@@ -29,7 +29,7 @@ from harness.vocabulary import ROUTINES
 class MinimalRuntime:
     name = "minimal"
     version = "2.0"
-    # Only what is true: its own buckets (not vllm_policy), no attention backends, no KV cache to inspect.
+    # Only what is true: its own buckets (no vLLM rules), no attention backends, no KV cache to inspect.
     capabilities = Capabilities(
         capture_sizes=True, dispatch=True, execution=True, graph_backends=("emulated", "cuda"),
         padding_fills=("zeros", "random"), notes="powers-of-two buckets up to max_num_seqs, FULL graphs only")
@@ -42,15 +42,15 @@ class MinimalRuntime:
         limit = min(config.max_num_seqs, config.max_num_batched_tokens or 8192)
         return [1 << k for k in range(limit.bit_length())]
 
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: PolicyConfig, num_real_tokens: int) -> int | None:
         sizes = self.capture_sizes(config)
-        index = bisect.bisect_left(sizes, num_tokens)
+        index = bisect.bisect_left(sizes, num_real_tokens)
         return sizes[index] if index < len(sizes) else None  # None: eager
 
-    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs=None, uniform=False) -> Dispatch:
+    def dispatch(self, config: PolicyConfig, num_real_tokens: int, num_real_rows=None, uniform=False) -> Dispatch:
         routine = ROUTINES[config.mode][0 if uniform else 1]  # (uniform decode batches, all others)
-        size = self.padded_size(config, num_tokens) if routine == "FULL" else None
-        return Dispatch("FULL", Descriptor(size)) if size else Dispatch("NONE", Descriptor(num_tokens))
+        size = self.padded_size(config, num_real_tokens) if routine == "FULL" else None
+        return Dispatch("FULL", Descriptor(size)) if size else Dispatch("NONE", Descriptor(num_real_tokens))
 
     def build(self, config: EngineConfig) -> "MinimalEngine":
         return MinimalEngine(self, config)
@@ -87,8 +87,8 @@ class MinimalEngine:
         self.graphs: dict[int, tuple] = {}  # bucket -> (graph, its output buffer)
         self.captured = False
 
-    def forward(self, n: int) -> torch.Tensor:
-        h = self.embed[self.token_ids[:n]] + self.pos[self.positions[:n]]
+    def forward(self, num_padded_tokens: int) -> torch.Tensor:
+        h = self.embed[self.token_ids[:num_padded_tokens]] + self.pos[self.positions[:num_padded_tokens]]
         for up, down in self.blocks:
             h = h + torch.nn.functional.gelu(h @ up.T) @ down.T
         return h @ self.head.T
@@ -136,22 +136,22 @@ class MinimalEngine:
 
     @torch.inference_mode()
     def step(self, requests, padding_fill: str | None = None) -> StepResult:
-        n = sum(len(r.token_ids) for r in requests)
+        num_real_tokens = sum(len(r.token_ids) for r in requests)
         uniform = bool(requests) and all(len(r.token_ids) == 1 for r in requests)
-        chosen = self.runtime.dispatch(self.policy, n, len(requests), uniform)
-        graph = self.graphs.get(chosen.descriptor.num_tokens) if chosen.runtime_mode == "FULL" else None
-        size = chosen.descriptor.num_tokens if graph else n  # before capture, eager and unpadded
+        chosen = self.runtime.dispatch(self.policy, num_real_tokens, len(requests), uniform)
+        graph = self.graphs.get(chosen.descriptor.num_padded_tokens) if chosen.runtime_mode == "FULL" else None
+        size = chosen.descriptor.num_padded_tokens if graph else num_real_tokens  # before capture, eager and unpadded
         self.load(requests, size, padding_fill)
         if graph is None:
-            return StepResult(self.forward(n), "NONE", n, n)
+            return StepResult(self.forward(num_real_tokens), "NONE", num_real_tokens, num_real_tokens)
         graph[0].replay()
-        return StepResult(graph[1][:n].clone(), "FULL", n, size)  # a copy: the next replay overwrites
+        return StepResult(graph[1][:num_real_tokens].clone(), "FULL", num_real_tokens, size)  # a copy: the next replay overwrites
 
     @torch.inference_mode()
-    def eager_step(self, requests, padded_num_tokens: int) -> StepResult:
-        n = sum(len(r.token_ids) for r in requests)
-        self.load(requests, padded_num_tokens)
-        return StepResult(self.forward(padded_num_tokens)[:n].clone(), "NONE", n, padded_num_tokens)
+    def eager_step(self, requests, num_padded_tokens: int) -> StepResult:
+        num_real_tokens = sum(len(r.token_ids) for r in requests)
+        self.load(requests, num_padded_tokens)
+        return StepResult(self.forward(num_padded_tokens)[:num_real_tokens].clone(), "NONE", num_real_tokens, num_padded_tokens)
 
     def release(self, request_id: int) -> None:
         pass  # no KV cache: nothing to free

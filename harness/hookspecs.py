@@ -25,8 +25,8 @@ def pytest_cudagraph_runtimes():
                     return []
                 budget = config.max_num_batched_tokens or 8192  # None: the default budget
                 return [s for s in (1, 2, 4, 8) if s <= budget]
-            def padded_size(self, config, num_tokens):
-                return next((s for s in self.capture_sizes(config) if s >= num_tokens), None)
+            def padded_size(self, config, num_real_tokens):
+                return next((s for s in self.capture_sizes(config) if s >= num_real_tokens), None)
 
         def pytest_cudagraph_runtimes():
             return {"constant": Constant}

@@ -1,4 +1,4 @@
-"""Modules that moved, kept importable at their old paths for at least one minor release.
+"""Modules that moved and protocol names that were renamed, kept working for at least one minor release.
 
 Each old path is a one-line shim (`harness/presets.py` and so on) that calls `alias`: the import
 warns with a DeprecationWarning naming the new path, then hands back the new module itself, so
@@ -6,6 +6,7 @@ old and new names share one module and its state. CHANGELOG.md lists each move u
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import warnings
@@ -65,3 +66,47 @@ def alias(old: str) -> None:
 
 def header_lines() -> list[str]:
     return [f"deprecated: {message(old)}" for old in dict.fromkeys(IMPORTED)]
+
+
+# -- renamed names ------------------------------------------------------------------------------
+# Fields and keywords of the protocol's dataclasses renamed after 0.3.0 (one name per size: real and
+# padded counts named as such). Each old name stays a read-only alias and a constructor keyword,
+# both warning with the new name, until NAMES_REMOVED_IN.
+NAMES_REMOVED_IN = "0.4.0"
+RENAMED: dict[str, str] = {}  # "Class.old" -> "Class.new", for the docs' and the changelog's test
+# Names replaced by a value of another shape (harness/protocol.py converts each): "Class.old" -> "Class.new".
+REPLACED: dict[str, str] = {}
+
+
+def name_message(owner: str, old: str, new: str) -> str:
+    return (f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
+            f"{NAMES_REMOVED_IN}; see CHANGELOG.md)")
+
+
+def renamed(**old_to_new: str):
+    """Class decorator for a dataclass: each old name reads the new field, and the constructor takes
+    it as a keyword, each with a DeprecationWarning naming the new name (blamed on the caller)."""
+    def decorate(cls):
+        owner, init = cls.__name__, cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            for old, new in old_to_new.items():
+                if old in kwargs:  # the old name wins: dataclasses.replace(value, old=...) passes both
+                    warnings.warn(name_message(owner, old, new), DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        for old, new in old_to_new.items():
+            setattr(cls, old, property(_alias_of(owner, old, new), doc=f"Deprecated alias of {new}."))
+            RENAMED[f"{owner}.{old}"] = f"{owner}.{new}"
+        return cls
+    return decorate
+
+
+def _alias_of(owner: str, old: str, new: str):
+    def read(self):
+        warnings.warn(name_message(owner, old, new), DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+    return read

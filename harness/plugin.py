@@ -266,22 +266,22 @@ def skip_reason(name: str, missing: list[str]) -> str:
 def vllm_rules_skip(item, runtime) -> str | None:
     """Why a vLLM case does not apply to the runtime's declared rules: it holds an engine to a model
     runner (a PolicyConfig parameter's runner, or @pytest.mark.vllm_runner) the harness does not model
-    for the runtime's release (Capabilities.vllm_version; harness.vocabulary.VLLM_RELEASES), or asks about
+    for the runtime's rules (Capabilities.rules; harness.vocabulary.VLLM_RELEASES), or asks about
     an input other releases lack (@pytest.mark.vllm_release). None: it applies."""
     caps = runtime.capabilities
-    if not caps.vllm_policy or caps.vllm_version not in VLLM_RELEASES:
+    if not caps.has("vllm_rules") or caps.vllm_release not in VLLM_RELEASES:
         return None
     for marker in item.iter_markers("vllm_release"):
-        if caps.vllm_version not in marker.args:
-            return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_version}'s policy; this case asks about an "
+        if caps.vllm_release not in marker.args:
+            return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_release}'s policy; this case asks about an "
                     f"input only vLLM {', '.join(marker.args)} has")
     params = getattr(getattr(item, "callspec", None), "params", {})
-    runners = {value.runner for value in params.values() if isinstance(value, PolicyConfig)}
+    runners = {value.vllm_runner for value in params.values() if isinstance(value, PolicyConfig)}
     runners |= {marker.args[0] for marker in item.iter_markers("vllm_runner")}
-    modelled = VLLM_RELEASES[caps.vllm_version].runners
+    modelled = caps.vllm_runners
     if runners <= set(modelled):
         return None
-    return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_version}'s policy, modelled here for runner(s) "
+    return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_release}'s policy, modelled here for runner(s) "
             f"{', '.join(modelled)}; this case holds an engine to runner {', '.join(sorted(runners - set(modelled)))}")
 
 

@@ -6,26 +6,65 @@ capabilities promise; the harness calls nothing else. Policy operations answer q
 Types are plain data (strings from harness.vocabulary, ints, tensors), so a runtime from any
 package can answer without importing more than this module. docs/authoring.md gives each
 operation's contract with a failing example.
+
+Sizes have one name each: `num_real_tokens` and `num_real_rows` count what a batch brings,
+`num_padded_tokens` and `num_padded_rows` what a step or a graph runs at (real rows first, then
+padding). `size` means a capture size only. The 0.3.0 names stay as deprecated aliases
+(harness/moved.py: `RENAMED`).
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
+from harness.moved import NAMES_REMOVED_IN, REPLACED, renamed
 from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
+from harness.vocabulary import SPEC_RELEASE, VLLM_RELEASES, parse_rules, rules_name
+
+
+# Capabilities hold two kinds of thing. Operations: what the harness may ask the runtime (each turns
+# on methods or arguments of the protocol). Facts: what the runtime declares about how it works, which
+# the suites read to choose their expectations. An engine's own facts are named data in
+# `declarations` (DECLARATIONS lists those the harness reads), never a new field per engine.
+OPERATIONS = ("capture_sizes", "dispatch", "mode_resolution", "data_parallel", "lora", "speculative", "execution",
+              "speculative_steps", "rejected_drafts", "graph_backends", "attention_backends", "padding_fills",
+              "loads_checkpoint", "kv_inspection", "input_inspection", "address_checks", "data_parallel_execution")
+FACTS = ("rules", "batch_invariant", "outputs_alias_graph_buffers", "lazy_capture", "precision",
+         "memory_kept_per_build", "declarations", "notes")
+DECLARATIONS = {  # name -> what declaring it (true) says; the suites check each one they read
+    "random_padding_ids": "padded rows get token ids drawn anew every step (LMDeploy's, for MoE routing)",
+}
+
+
+class _Declarations(dict):
+    """A read-only dict that hashes, so that Capabilities stays a frozen, hashable value (and a report
+    writes it as JSON)."""
+
+    def __hash__(self):
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("Capabilities.declarations is read-only: declare them when you build the Capabilities")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self):  # pickled and copied whole, not item by item
+        return (_Declarations, (dict(self),))
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a runtime can be asked. Suites declare needs with `@pytest.mark.requires(name)`."""
+    """What a runtime can be asked (operations) and what it declares (facts). Suites declare needs with
+    `@pytest.mark.requires(name)`, for a switch of either kind (`has(name)`)."""
 
+    # -- operations: what may be asked --------------------------------------------------------
     # policy
     capture_sizes: bool = False  # capture_sizes() and padded_size()
     dispatch: bool = False  # dispatch()
     mode_resolution: bool = False  # resolve_mode()
     data_parallel: bool = False  # dp_dispatch()
-    vllm_policy: bool = False  # sizes, keys and resolution follow vLLM's (docs/spec.md 3-5)
-    vllm_version: str = "0.33"  # under vllm_policy: the release whose rules they follow (vocabulary.VLLM_RELEASES)
     lora: bool = False  # dispatch() takes num_active_loras
     speculative: bool = False  # policies take num_speculative_tokens > 0
     # execution
@@ -42,28 +81,73 @@ class Capabilities:
     input_inspection: bool = False  # last_step_inputs()
     address_checks: bool = False  # swap_static_buffer()
     data_parallel_execution: bool = False  # steps agree across ranks through torch.distributed (docs/data_parallel.md)
+    # -- facts: what the runtime declares -----------------------------------------------------
+    # The rules its sizes, keys and resolution follow, by name (vocabulary.parse_rules): "vllm-0.33"
+    # (vLLM 0.33's, for the runner each config asks), "vllm-0.25/v2" (one runner), "lmdeploy-0.18".
+    # The harness holds vLLM's rules to the spec (docs/spec.md 3-5); None or "": the runtime's own rules,
+    # each answer checked against what its engine does.
+    rules: str | None = None
     batch_invariant: bool = False  # padded graph rows equal an unpadded eager run bit for bit
     outputs_alias_graph_buffers: bool = False  # a step's logits are overwritten by the next step
     lazy_capture: bool = False  # graphs are recorded while serving, each shape once, not by capture()
-    random_padding_ids: bool = False  # padded rows get token ids drawn anew every step (LMDeploy's, for MoE routing)
     precision: str = "ieee"  # how its arithmetic is done, one of PRECISIONS (vocabulary.py)
     # Device bytes a closed engine may leave allocated: what the engine's library keeps per build
     # that Engine.close() cannot release. The harness measures every build; more is a leak (docs/reliability.md).
     memory_kept_per_build: int = 0
+    declarations: Mapping[str, Any] = field(default_factory=dict)  # an engine's own facts by name (DECLARATIONS)
     notes: str = ""  # shown in the report header: what is emulated, what stands in
 
+    def __post_init__(self):
+        object.__setattr__(self, "declarations", _Declarations(self.declarations or {}))
+
     def has(self, name: str) -> bool:
+        """Whether a switch is on: an operation, a true fact, or `vllm_rules` (the rules are vLLM's)."""
+        if name in OLD_SWITCHES:
+            new = OLD_SWITCHES[name]
+            warnings.warn(f"Capabilities.has({name!r}) is deprecated: use {new} ({name!r} may be removed in "
+                          f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=2)
+            return self.vllm_release is not None if name == "vllm_policy" else self.declares(name)
+        if name == "vllm_rules":
+            return self.vllm_release is not None
         if name not in self.names():
             raise KeyError(name)
         return bool(getattr(self, name))
 
+    def declares(self, name: str) -> bool:
+        """Whether the runtime declares one of its own facts (`declarations`) true."""
+        return bool(self.declarations.get(name))
+
+    @property
+    def rules_family(self) -> str | None:
+        """Whose rules: "vllm", "lmdeploy", ...; None for a runtime that follows its own."""
+        return parse_rules(self.rules).family
+
+    @property
+    def vllm_release(self) -> str | None:
+        """The vLLM release whose rules the runtime follows ("0.33"); None where they are not vLLM's."""
+        parsed = parse_rules(self.rules)
+        return parsed.release if parsed.family == "vllm" else None
+
+    @property
+    def vllm_runners(self) -> tuple[str, ...]:
+        """The vLLM model runners whose rules the runtime follows: the one its rules name, else every
+        runner the harness models for its release; () where the rules are not vLLM's."""
+        release = self.vllm_release
+        if release is None:
+            return ()
+        runner = parse_rules(self.rules).runner
+        return (runner,) if runner else VLLM_RELEASES[release].runners if release in VLLM_RELEASES else ()
+
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in VALUES]  # the switches
+        return [f.name for f in fields(cls) if f.name not in VALUES] + ["vllm_rules"]  # the switches
 
     def summary(self) -> str:
-        on = [name for name in self.names() if getattr(self, name) is True]
+        on = [name for name in self.names() if name != "vllm_rules" and getattr(self, name) is True]
+        on += [name for name in self.declarations if self.declares(name)]
         text = ", ".join(on) or "none"
+        if self.rules:
+            text += f"; rules: {self.rules}"
         if self.graph_backends:
             text += f"; graph backends: {', '.join(self.graph_backends)}"
         if self.execution:
@@ -71,7 +155,58 @@ class Capabilities:
         return text
 
 
-VALUES = ("notes", "precision", "memory_kept_per_build", "vllm_version")  # declarations that are not switches
+# Facts that are values, not switches.
+VALUES = ("notes", "precision", "memory_kept_per_build", "rules", "declarations")
+# 0.3.0's switches that became a rules name or a declaration: has(old) warns and answers.
+OLD_SWITCHES = {"vllm_policy": "has('vllm_rules')", "random_padding_ids": "declares('random_padding_ids')"}
+
+
+def _capabilities_from_old(kwargs: dict) -> dict:
+    """0.3.0's keywords (vllm_policy, vllm_version, random_padding_ids) as the new fields, each warning."""
+    policy, version = kwargs.pop("vllm_policy", None), kwargs.pop("vllm_version", None)
+    for old, value in (("vllm_policy", policy), ("vllm_version", version)):
+        if value is not None:
+            _warn("Capabilities", old, 'rules (a name such as "vllm-0.33")', stacklevel=4)
+    if policy is not None or version is not None:
+        kwargs["rules"] = rules_name("vllm", version or SPEC_RELEASE) if policy else kwargs.get("rules")
+    if "random_padding_ids" in kwargs:
+        _warn("Capabilities", "random_padding_ids", "declarations={'random_padding_ids': True}", stacklevel=4)
+        kwargs["declarations"] = {**(kwargs.get("declarations") or {}),
+                                  "random_padding_ids": bool(kwargs.pop("random_padding_ids"))}
+    return kwargs
+
+
+def _warn(owner: str, old: str, new: str, stacklevel: int) -> None:
+    warnings.warn(f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
+                  f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=stacklevel)
+
+
+def _old_reader(owner: str, old: str, new: str, read):
+    def getter(self):
+        _warn(owner, old, new, stacklevel=3)
+        return read(self)
+    return property(getter, doc=f"Deprecated: {new}.")
+
+
+def _accept_old_keywords(cls, convert):
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **convert(kwargs))
+
+    cls.__init__ = __init__
+
+
+_accept_old_keywords(Capabilities, _capabilities_from_old)
+Capabilities.vllm_policy = _old_reader("Capabilities", "vllm_policy", "has('vllm_rules')",
+                                       lambda c: c.vllm_release is not None)
+Capabilities.vllm_version = _old_reader("Capabilities", "vllm_version", "vllm_release",
+                                        lambda c: c.vllm_release or SPEC_RELEASE)
+Capabilities.random_padding_ids = _old_reader("Capabilities", "random_padding_ids", "declares('random_padding_ids')",
+                                              lambda c: c.declares("random_padding_ids"))
+REPLACED.update({"Capabilities.vllm_policy": "Capabilities.rules", "Capabilities.vllm_version": "Capabilities.rules",
+                "Capabilities.random_padding_ids": "Capabilities.declarations"})
 
 
 @dataclass(frozen=True)
@@ -88,20 +223,55 @@ class PolicyConfig:
     max_loras: int = 0  # 0: LoRA off
     specialize_lora: bool = True  # separate graphs with and without LoRA
     specialize_active_loras: bool = False  # separate graphs per captured adapter count
-    runner: str = "v2"  # vLLM's model runner whose rules apply: "v1" or "v2" (vLLM 0.33 runs V2; docs/runners.md)
-    vllm_version: str = "0.33"  # and the release whose runner: the harness asks in the runtime's declared one
+    # The rules the question is asked under, as Capabilities.rules names them: "vllm-0.33/v1" asks for
+    # vLLM 0.33's V1 runner (docs/runners.md). "": the runtime's declared rules; for vLLM's, the spec
+    # release's V2 runner (the one vLLM 0.33 runs). The harness asks in the runtime's declared release.
+    rules: str = ""
 
     @property
     def query_len(self) -> int:
         return 1 + self.num_speculative_tokens
 
+    @property
+    def vllm_release(self) -> str:
+        """The vLLM release the question is asked in: its rules' release, else the spec's."""
+        parsed = parse_rules(self.rules)
+        return parsed.release if parsed.family == "vllm" and parsed.release else SPEC_RELEASE
 
+    @property
+    def vllm_runner(self) -> str:
+        """vLLM's model runner whose rules apply: its rules' runner, else "v2"."""
+        parsed = parse_rules(self.rules)
+        return parsed.runner if parsed.family == "vllm" and parsed.runner else "v2"
+
+
+def _policy_from_old(kwargs: dict) -> dict:
+    """0.3.0's runner and vllm_version keywords as one rules name, each warning."""
+    runner, version = kwargs.pop("runner", None), kwargs.pop("vllm_version", None)
+    if runner is None and version is None:
+        return kwargs
+    for old, value in (("runner", runner), ("vllm_version", version)):
+        if value is not None:
+            _warn("PolicyConfig", old, 'rules (a name such as "vllm-0.33/v2")', stacklevel=4)
+    given = parse_rules(kwargs.get("rules") or "")
+    kwargs["rules"] = rules_name("vllm", version or given.release or SPEC_RELEASE, runner or given.runner or "v2")
+    return kwargs
+
+
+_accept_old_keywords(PolicyConfig, _policy_from_old)
+PolicyConfig.runner = _old_reader("PolicyConfig", "runner", "vllm_runner", lambda c: c.vllm_runner)
+PolicyConfig.vllm_version = _old_reader("PolicyConfig", "vllm_version", "vllm_release", lambda c: c.vllm_release)
+REPLACED.update({"PolicyConfig.runner": "PolicyConfig.rules", "PolicyConfig.vllm_version": "PolicyConfig.rules"})
+
+
+@renamed(num_tokens="num_padded_tokens", num_reqs="num_padded_rows")
 @dataclass(frozen=True)
 class Descriptor:
-    """A graph key (vLLM's BatchDescriptor). num_reqs is None on relaxed keys."""
+    """A graph key (vLLM's BatchDescriptor): the padded sizes the step runs at (the real ones on an
+    eager step, which pads nothing). num_padded_rows is None on relaxed keys."""
 
-    num_tokens: int
-    num_reqs: int | None = None
+    num_padded_tokens: int
+    num_padded_rows: int | None = None
     uniform: bool = False
     has_lora: bool = False
     num_active_loras: int = 0
@@ -133,12 +303,13 @@ class Resolution:
     warnings: tuple[str, ...] = ()
 
 
+@renamed(num_tokens="num_real_tokens", num_reqs="num_real_rows")
 @dataclass(frozen=True)
 class RankBatch:
-    """One data-parallel rank's batch before the ranks agree."""
+    """One data-parallel rank's batch before the ranks agree: its real sizes."""
 
-    num_tokens: int
-    num_reqs: int | None = None
+    num_real_tokens: int
+    num_real_rows: int | None = None
     uniform: bool = False
 
 
@@ -156,8 +327,9 @@ class Runtime(Protocol):
     capabilities: Capabilities
 
     def capture_sizes(self, config: PolicyConfig) -> Sequence[int]: ...
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None: ...  # None: eager
-    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
+    # The harness passes the sizes by position: a runtime may name its parameters as it likes.
+    def padded_size(self, config: PolicyConfig, num_real_tokens: int) -> int | None: ...  # None: eager
+    def dispatch(self, config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None,
                  uniform: bool = False, num_active_loras: int = 0) -> Dispatch: ...
     def resolve_mode(self, request: ResolveRequest) -> Resolution: ...
     def dp_dispatch(self, config: PolicyConfig, ranks: Sequence[RankBatch]) -> list[Dispatch]: ...
@@ -198,12 +370,13 @@ class Request:
     num_rejected_tokens: int = 0
 
 
+@renamed(num_tokens="num_real_tokens", padded_num_tokens="num_padded_tokens")
 @dataclass
 class StepResult:
-    logits: Any  # [num_tokens, vocab] tensor, one row per real token in request order
+    logits: Any  # [num_real_tokens, vocab] tensor, one row per real token in request order
     runtime_mode: str  # what actually ran: one of RUNTIME_MODES
-    num_tokens: int  # real tokens
-    padded_num_tokens: int  # tokens the step ran at
+    num_real_tokens: int  # tokens the requests brought
+    num_padded_tokens: int  # tokens the step ran at
 
 
 @dataclass
@@ -214,9 +387,9 @@ class StepInputs:
     request order, then the rows that pad the batch), each None where the runtime does not expose
     it, with the reason in `not_exposed`."""
 
-    token_ids: Any  # [padded_num_tokens] integer tensor
-    positions: Any  # [padded_num_tokens]
-    slot_mapping: Any  # [padded_num_tokens]; padded rows hold `padding_slot`
+    token_ids: Any  # [num_padded_tokens] integer tensor
+    positions: Any  # [num_padded_tokens]
+    slot_mapping: Any  # [num_padded_tokens]; padded rows hold `padding_slot`
     padding_slot: int = -1  # the slot id that writes nothing
     # Request rows: real rows first, then padded rows (as many as the step staged).
     seq_lens: Any = None  # [num_padded_rows] each row's context after the step
@@ -233,7 +406,7 @@ class CaptureReport:
     graphs: Mapping[str, int]  # runtime mode -> graphs captured
     seconds: float
     memory_bytes: int | None  # graph memory; None where it cannot be measured
-    order: Sequence[tuple[str, int]] = ()  # (runtime mode, num_tokens) in capture order
+    order: Sequence[tuple[str, int]] = ()  # (runtime mode, capture size in tokens) in capture order
 
 
 class Engine(Protocol):
@@ -246,7 +419,7 @@ class Engine(Protocol):
     # on mode and size itself; an idle rank calls step([]), runs a dummy batch and returns logits of
     # shape [0, vocab] with the mode and padded size it ran. eager_step() never communicates.
     def step(self, requests: Sequence[Request], padding_fill: str | None = None) -> StepResult: ...
-    def eager_step(self, requests: Sequence[Request], padded_num_tokens: int) -> StepResult: ...
+    def eager_step(self, requests: Sequence[Request], num_padded_tokens: int) -> StepResult: ...  # by position
     def release(self, request_id: int) -> None: ...  # forget a request, free its KV
     def static_buffer_addresses(self) -> Mapping[str, int]: ...  # graph inputs only, by name
     def kv_snapshot(self) -> Any: ...  # kv_inspection: every KV slot, slot first
@@ -273,7 +446,7 @@ class UnsupportedCheckpoint(RuntimeError):
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "CONFIG_MODES", "RUNTIME_MODES", "SUPPORT_LEVELS", "VALUES",
+    "CONFIG_MODES", "RUNTIME_MODES", "SUPPORT_LEVELS", "VALUES", "OPERATIONS", "FACTS", "DECLARATIONS",
     "CaptureReport", "Capabilities", "Descriptor", "Dispatch", "Engine", "EngineConfig", "KVCacheFull", "PolicyConfig",
     "RankBatch", "Request", "Resolution", "ResolveRequest", "Runtime", "RuntimeUnavailable", "StepInputs",
     "StepResult", "UnsupportedCheckpoint",

@@ -154,20 +154,20 @@ def drive_engine(runtime, anchor, engine, config, where, log, joins, steps, step
         uniform = all(len(r.token_ids) == 1 for r in requests)
         difference = float((out.logits.float().cpu() - expected).abs().max())
         details = step_details(engine, out) if step_details else {}
-        eager = engine.eager_step(requests, out.padded_num_tokens)
+        eager = engine.eager_step(requests, out.num_padded_tokens)
         same = torch.equal(out.logits, eager.logits)
         eager_difference = float((out.logits.double() - eager.logits.double()).abs().max())
         own = runtime.dispatch(policy, num_real_tokens, len(requests), uniform)
         worst, equal = max(worst, difference), equal + same
-        ran.append(f"{out.runtime_mode}@{out.padded_num_tokens}")
+        ran.append(f"{out.runtime_mode}@{out.num_padded_tokens}")
         said = "".join(f" {key}={value}" for key, value in details.items() if not key.startswith("_"))
         details = {key.lstrip("_"): value for key, value in details.items()}  # "_name": in the JSON line only
         log("step", f"{where} step={number}: {len(requests)} requests, {num_real_tokens} tokens -> ran "
-            f"{out.runtime_mode} at {out.padded_num_tokens} (own policy: {own.runtime_mode} at "
-            f"{own.descriptor.num_tokens});{said} graph launches {launches[-1]}; |logits - transformers| max "
+            f"{out.runtime_mode} at {out.num_padded_tokens} (own policy: {own.runtime_mode} at "
+            f"{own.descriptor.num_padded_tokens});{said} graph launches {launches[-1]}; |logits - transformers| max "
             f"{difference:.3g}; eager at the same shape: {'bit-equal' if same else f'differs, max {eager_difference:.3g}'}",
-            step=number, requests=len(requests), tokens=num_real_tokens, ran=(out.runtime_mode, out.padded_num_tokens),
-            own=(own.runtime_mode, own.descriptor.num_tokens), launches=launches[-1], anchor_difference=difference,
+            step=number, requests=len(requests), tokens=num_real_tokens, ran=(out.runtime_mode, out.num_padded_tokens),
+            own=(own.runtime_mode, own.descriptor.num_padded_tokens), launches=launches[-1], anchor_difference=difference,
             eager_equal=same, eager_difference=eager_difference, **details)
     tolerance = anchor.tolerance(runtime.capabilities.precision, config.preset)
     log("summary", f"{where} summary: ran {ran}; largest difference from transformers {worst:.3g} (the anchor's "

@@ -20,7 +20,7 @@ PADDING_FILLS = ("zeros", "random", "nan", "inf")  # what step(padding_fill=...)
 PRECISIONS = ("ieee", "tf32", "bfloat16", "float16")
 
 
-# vLLM releases whose graph policy the harness models (Capabilities.vllm_version): for each, the
+# vLLM releases whose graph policy the harness models (Capabilities.rules "vllm-RELEASE"): for each, the
 # model runners whose rules it knows and whether it knows its data-parallel agreement. 0.33 is the
 # spec (docs/spec.md sections 3-5, docs/runners.md); 0.25 is its V2 runner where it differs
 # (docs/spec.md section 11, from each release's own code: reports/policy-compare/vllm-0.25-vs-0.33.md).
@@ -32,6 +32,33 @@ class VllmRelease:
 
 SPEC_RELEASE = "0.33"
 VLLM_RELEASES = {"0.33": VllmRelease(("v1", "v2"), data_parallel=True), "0.25": VllmRelease(("v2",), data_parallel=False)}
+
+
+# -- rules names: whose policy a runtime follows (Capabilities.rules, PolicyConfig.rules) ------
+@dataclass(frozen=True)
+class Rules:
+    family: str | None  # "vllm", "lmdeploy", ...; None: a runtime's own rules
+    release: str | None  # "0.33"
+    runner: str | None  # a vLLM model runner, "v1" or "v2"; None: not named
+
+
+def parse_rules(name: str | None) -> Rules:
+    """"vllm-0.33/v2" -> Rules("vllm", "0.33", "v2"); "lmdeploy-0.18" -> Rules("lmdeploy", "0.18", None);
+    None or "" -> a runtime's own rules. ValueError for a name of another shape."""
+    if not name:
+        return Rules(None, None, None)
+    if not isinstance(name, str):
+        raise ValueError(f"a rules name is a string such as 'vllm-0.33/v2', got {name!r}")
+    head, slash, runner = name.partition("/")
+    family, _, release = head.partition("-")
+    if not family or not release or "/" in runner or (slash and not runner):
+        raise ValueError(f"a rules name is ENGINE-RELEASE[/RUNNER], such as 'vllm-0.33/v2' or 'lmdeploy-0.18'; "
+                         f"got {name!r}")
+    return Rules(family, release, runner or None)
+
+
+def rules_name(family: str, release: str, runner: str | None = None) -> str:
+    return f"{family}-{release}" + (f"/{runner}" if runner else "")
 
 
 def engine_dtype(precision: str) -> str:
@@ -126,15 +153,15 @@ def expected_resolution(mode: str, support: str, num_speculative_tokens: int = 0
 
 
 # -- padding (spec section 4) -----------------------------------------------------------------
-def padded(sizes, num_tokens: int) -> int | None:
-    """The smallest capture size that holds num_tokens; None above the largest (runs eager)."""
+def padded(sizes, num_real_tokens: int) -> int | None:
+    """The smallest capture size that holds num_real_tokens; None above the largest (runs eager)."""
     sizes = sorted(sizes)
-    index = bisect.bisect_left(sizes, num_tokens)
+    index = bisect.bisect_left(sizes, num_real_tokens)
     return sizes[index] if index < len(sizes) else None
 
 
-def waste_percent(num_tokens: int, padded_to: int) -> float:
-    return 100.0 * (padded_to - num_tokens) / padded_to
+def waste_percent(num_real_tokens: int, padded_to: int) -> float:
+    return 100.0 * (padded_to - num_real_tokens) / padded_to
 
 
 # -- where an expected value comes from (every failure message names one) ---------------------
@@ -151,6 +178,7 @@ RUNTIME_WORD = "the runtime's own report (not observable by the harness)"
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "GRAPH_BACKENDS", "PADDING_FILLS", "PRECISIONS", "VllmRelease", "SPEC_RELEASE", "VLLM_RELEASES",
+    "Rules", "parse_rules", "rules_name",
     "engine_dtype", "RUNTIME_MODES", "FDO", "FAP", "CONFIG_MODES", "ROUTINES", "GRAPH_MODES",
     "MIXED_GRAPH_MODES", "lowest", "SUPPORT_LEVELS", "SHORT_NAMES", "weakest", "ERROR",
     "RESOLUTION_TABLE", "RESOLUTION_TABLE_NO_PIECEWISE", "ExpectedResolution",

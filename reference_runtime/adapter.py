@@ -5,7 +5,6 @@ runtime would be; the suites reach it only through this object.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from functools import lru_cache
 
 from harness import protocol as p
@@ -14,8 +13,18 @@ from . import __version__, policy
 from .engine.inspection import FILLS
 
 
+# The protocol's PolicyConfig fields this conversion handles, each by name below. A field the protocol
+# gains must be added here and converted (tests/test_reference_engine.py fails until it is): a field
+# dropped unread would change no answer, silently.
+CONVERTED_FIELDS = frozenset({
+    "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens", "platform_max", "capture_sizes",
+    "max_capture_size", "mode", "max_loras", "specialize_lora", "specialize_active_loras", "rules",
+})
+
+
 def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
-    """The reference policy's config; the release is vLLM 0.33, the one it declares (Capabilities.vllm_version)."""
+    """The reference policy's config. Its release is vLLM 0.33, the one it declares (Capabilities.rules):
+    of the config's rules it takes the runner, which the reference policy models for both of vLLM's."""
     try:
         return _policy_config(config)
     except TypeError:  # a field given as a list (unhashable): converted each time
@@ -24,10 +33,14 @@ def to_policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
 
 @lru_cache(maxsize=1024)
 def _policy_config(config: p.PolicyConfig) -> policy.PolicyConfig:
-    # Cached: the suites ask the same config many questions, and asdict copies it deeply each time.
-    fields = asdict(config)
-    fields.pop("vllm_version")
-    return policy.PolicyConfig(**fields)
+    # Cached: the suites ask the same config many questions.
+    return policy.PolicyConfig(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        num_speculative_tokens=config.num_speculative_tokens, platform_max=config.platform_max,
+        capture_sizes=config.capture_sizes, max_capture_size=config.max_capture_size, mode=config.mode,
+        max_loras=config.max_loras, specialize_lora=config.specialize_lora,
+        specialize_active_loras=config.specialize_active_loras, runner=config.vllm_runner,
+    )
 
 
 @lru_cache(maxsize=256)
@@ -43,14 +56,14 @@ def _dispatcher(config: p.PolicyConfig) -> policy.Dispatcher:
 
 
 def _descriptor(key: policy.BatchDescriptor) -> p.Descriptor:
-    return p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora, key.num_active_loras)
+    return p.Descriptor(key.num_padded_tokens, key.num_padded_rows, key.uniform, key.has_lora, key.num_active_loras)
 
 
 class ReferenceRuntime:
     name = "reference"
     version = __version__
     capabilities = p.Capabilities(
-        capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True, lora=True,
+        capture_sizes=True, rules="vllm-0.33", dispatch=True, mode_resolution=True, data_parallel=True, lora=True,
         speculative=True, execution=True, speculative_steps=True, rejected_drafts=True, graph_backends=("emulated", "cuda"),
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
@@ -63,12 +76,12 @@ class ReferenceRuntime:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return policy.capture_sizes(to_policy_config(config))
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         # The table of the sizes this runtime answers (a subclass may answer others), built once per grid.
-        return _padding_table(tuple(self.capture_sizes(config))).padded(num_tokens)
+        return _padding_table(tuple(self.capture_sizes(config))).padded(num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        mode, key = _dispatcher(config).dispatch(num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        mode, key = _dispatcher(config).dispatch(num_real_tokens, num_real_rows, uniform, num_active_loras)
         return p.Dispatch(mode.name, _descriptor(key))
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
@@ -82,7 +95,7 @@ class ReferenceRuntime:
         return p.Resolution(result.requested.name, result.resolved.name, result.warnings)
 
     def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
-        batches = [(r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        batches = [(r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         return [p.Dispatch(mode.name, _descriptor(key)) for mode, key in policy.dp_dispatch(_dispatcher(config), batches)]
 
     # -- execution ----------------------------------------------------------------------

@@ -156,16 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     pad = add("pad", "the padded size and wasted tokens of a batch")
     pad.add_argument("--batch", type=count_or_range, required=True, metavar="B|A-B", help="tokens in the batch")
     dispatch = add("dispatch", "the runtime mode and graph key of a batch (the mode comes from --mode)")
-    dispatch.add_argument("--num-tokens", type=count_or_range, metavar="T|A-B",
+    dispatch.add_argument("--num-tokens", dest="num_real_tokens", type=count_or_range, metavar="T|A-B",
                           help="tokens in the batch; with a range and --uniform only multiples of q are rows")
     dispatch.add_argument("--query-lens", type=size_list, metavar="1,1,2",
                           help="each request's tokens this step, instead of --num-tokens/--num-reqs/--uniform: "
                                "uniform is decided from them as vLLM decides it")
     dispatch.add_argument("--has-prefill", action="store_true",
                           help="with --query-lens: a request is a prompt chunk (V2 then never takes a decode graph)")
-    dispatch.add_argument("--num-reqs", type=positive, metavar="R",
-                          help="requests in the batch (single --num-tokens only). Default: num_tokens / q "
-                               "with --uniform, else min(num_tokens, max_num_seqs)")
+    dispatch.add_argument("--num-reqs", dest="num_real_rows", type=positive, metavar="R",
+                          help="requests in the batch (single --num-tokens only). Default: num_real_tokens / q "
+                               "with --uniform, else min(num_real_tokens, max_num_seqs)")
     dispatch.add_argument("--uniform", action="store_true", help="uniform decode: every request has q tokens")
     dispatch.add_argument("--num-active-loras", type=non_negative, default=0, metavar="N",
                           help="active adapters in the batch (needs --max-loras >= N)")
@@ -243,33 +243,33 @@ def cmd_pad(args, config):
 def cmd_dispatch(args, config):
     q = config.query_len
     if args.query_lens is not None:
-        if args.num_tokens is not None or args.num_reqs is not None or args.uniform:
+        if args.num_real_tokens is not None or args.num_real_rows is not None or args.uniform:
             raise UsageError("--query-lens gives the batch; drop --num-tokens, --num-reqs and --uniform")
         args.uniform = is_uniform_decode(args.query_lens, q, has_prefill=args.has_prefill, runner=config.runner)
-        args.num_tokens, args.num_reqs = sum(args.query_lens), len(args.query_lens)
-    elif args.num_tokens is None:
+        args.num_real_tokens, args.num_real_rows = sum(args.query_lens), len(args.query_lens)
+    elif args.num_real_tokens is None:
         raise UsageError("dispatch needs --num-tokens (or --query-lens)")
-    values = _values(args.num_tokens)
-    is_range = isinstance(args.num_tokens, tuple)
-    if args.num_reqs is not None and is_range:
+    values = _values(args.num_real_tokens)
+    is_range = isinstance(args.num_real_tokens, tuple)
+    if args.num_real_rows is not None and is_range:
         raise UsageError("--num-reqs needs a single --num-tokens; drop it to use the default for each row")
     if args.num_active_loras and args.num_active_loras > config.max_loras:
         # With LoRA off the policy would just miss every key; say so instead.
         raise UsageError(f"--num-active-loras {args.num_active_loras} needs --max-loras >= {args.num_active_loras}")
     if args.uniform and config.speculative_schedule is None:
-        # A uniform decode step is num_reqs requests of q tokens each.
+        # A uniform decode step is num_real_rows requests of q tokens each.
         if not is_range and values[0] % q:
             raise UsageError(f"--uniform needs --num-tokens to be a multiple of q = {q} "
                              f"(1 + --num-speculative-tokens), got {values[0]}")
         values = [t for t in values if t % q == 0]
         if not values:
-            raise UsageError(f"--num-tokens {args.num_tokens[0]}-{args.num_tokens[1]} holds no multiple of "
-                             f"q = {q}; --uniform rows need num_tokens = q * num_reqs")
+            raise UsageError(f"--num-tokens {args.num_real_tokens[0]}-{args.num_real_tokens[1]} holds no multiple of "
+                             f"q = {q}; --uniform rows need num_real_tokens = q * num_real_rows")
     dispatcher = Dispatcher(config)
     dispatcher.initialize_keys()
     rows, lines = [], []
     for tokens in values:
-        reqs = args.num_reqs if args.num_reqs is not None else (
+        reqs = args.num_real_rows if args.num_real_rows is not None else (
             tokens // q if args.uniform else min(tokens, config.max_num_seqs))
         mode, key = dispatcher.dispatch(tokens, reqs, args.uniform, args.num_active_loras)
         rows.append({"runtime_mode": mode.name, "descriptor": asdict(key)})
@@ -279,10 +279,10 @@ def cmd_dispatch(args, config):
         else:
             lora = f"{key.num_active_loras} active LoRAs" if key.has_lora else "no LoRA"
             kind = "uniform" if key.uniform else "mixed"
-            reqs_text = "any reqs" if key.num_reqs is None else f"{key.num_reqs} reqs"
-            lines.append(f"{batch} -> {mode.name}, key {key.num_tokens} tokens, {reqs_text}, {kind}, {lora}")
+            reqs_text = "any reqs" if key.num_padded_rows is None else f"{key.num_padded_rows} reqs"
+            lines.append(f"{batch} -> {mode.name}, key {key.num_padded_tokens} tokens, {reqs_text}, {kind}, {lora}")
     header = f"{dispatcher.mode.name}, " + (_header(config, dispatcher.sizes) if dispatcher.sizes else "no graphs")
-    return _rows_out(args.num_tokens, rows, lines, header)
+    return _rows_out(args.num_real_tokens, rows, lines, header)
 
 
 def cmd_resolve(args, config):

@@ -92,7 +92,7 @@ def measure(engine: Engine, seqs: int, q: int) -> dict:
     padded, decode_keys = [], set()
     for reqs in range(1, seqs + 1):  # a decode step of `reqs` requests, q tokens each
         got = engine.runtime.dispatch(config, reqs * q, reqs, True)
-        padded.append(got.descriptor.num_tokens if got.runtime_mode != "NONE" else None)
+        padded.append(got.descriptor.num_padded_tokens if got.runtime_mode != "NONE" else None)
         if got.runtime_mode != "NONE":
             decode_keys.add((got.runtime_mode, got.descriptor))
     mixed_keys = set()

@@ -89,7 +89,7 @@ def _answer(call):
         return "rejected"
     if hasattr(value, "runtime_mode"):
         d = value.descriptor
-        return [value.runtime_mode, d.num_tokens, d.num_reqs, d.uniform, d.num_active_loras]
+        return [value.runtime_mode, d.num_padded_tokens, d.num_padded_rows, d.uniform, d.num_active_loras]
     if hasattr(value, "resolved"):
         return value.resolved
     return list(value) if value is not None else None

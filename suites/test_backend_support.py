@@ -1,7 +1,7 @@
 """Backend support is truthful (docs/spec.md section 7, invariant 6): each attention backend's
 declared support level holds in FULL graphs for every batch kind that level admits (the graphs
 equal eager); the mode an engine resolves at build time, for one backend and for every pair (a
-hybrid model takes the weakest), is where the spec (under `vllm_policy`) or the runtime's own
+hybrid model takes the weakest), is where the spec (under `vllm_rules`) or the runtime's own
 resolve_mode() says it lands; every downgrade warns.
 """
 import itertools
@@ -49,8 +49,8 @@ def test_declared_level_holds_in_full_graphs(check, engines, attention_backend):
     for requests, started in batches(engines, seqs, kinds, 1 + spec):
         out = engine.step(requests)
         full += out.runtime_mode == "FULL"
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
-                        case=f"{describe_batch(requests)}; at {out.padded_num_tokens}",
+        check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER,
+                        case=f"{describe_batch(requests)}; at {out.num_padded_tokens}",
                         what=f"backend {name!r} declares {level}, but its {out.runtime_mode} graph differs from eager")
         for request_id in started:
             engine.release(request_id)

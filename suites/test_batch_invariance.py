@@ -20,9 +20,9 @@ def measure(engines, engine):
     for n in BATCHES:
         requests = decode_requests(seqs[:n])
         graph = engine.step(requests)
-        eager = engine.eager_step(requests, graph.num_tokens)
+        eager = engine.eager_step(requests, graph.num_real_tokens)
         difference = float((graph.logits.double() - eager.logits.double()).abs().max())
-        rows.append(BatchInvariance(batch=n, padded=graph.padded_num_tokens, mode=graph.runtime_mode,
+        rows.append(BatchInvariance(batch=n, padded=graph.num_padded_tokens, mode=graph.runtime_mode,
                                     difference=difference))
     return rows
 

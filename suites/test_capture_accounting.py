@@ -1,13 +1,13 @@
 """Capture accounting (docs/spec.md sections 6 and 7, invariant 8).
 
-- The graphs captured are the keys the policy implies for the resolved mode: under `vllm_policy`
+- The graphs captured are the keys the policy implies for the resolved mode: under `vllm_rules`
   the oracle's keys (sizes x pieces, plus uniform decode sizes); for any runtime with `dispatch`
   and `capture_sizes`, every distinct key its own dispatch() returns. PIECEWISE graphs are at
   least two pieces per size, the same for every size, and no more than the attention layers + 1.
 - The graphs the capture report counts are the graphs the harness saw captured.
 - Graph memory is reported and agrees with what the harness measured (free memory on the GPU,
   what emulated graphs hold on the CPU); time is reported.
-- Under `vllm_policy`: PIECEWISE before FULL, largest first (smaller graphs reuse the pool).
+- Under `vllm_rules`: PIECEWISE before FULL, largest first (smaller graphs reuse the pool).
 - Nothing is captured after the capture phase: a second capture() raises a RuntimeError and
   captures nothing, and steps of every size capture nothing. A runtime that declares
   `lazy_capture` records its graphs while serving instead (torch.compile's graph trees do): each
@@ -72,14 +72,14 @@ def _graphs_match_the_keys(check, engines, engine, report, case):
     check.equal(report.graphs.get("FULL", 0), len(want["FULL"]), source=keys.source, case=case,
                 what="FULL graphs captured (one per distinct FULL key)")
     check.equal(sorted(n for m, n in report.order if m == "PIECEWISE"),
-                sorted(k.num_tokens for k in want["PIECEWISE"]), source=keys.source, case=case,
+                sorted(k.num_padded_tokens for k in want["PIECEWISE"]), source=keys.source, case=case,
                 what="sizes with PIECEWISE graphs")
-    check.equal(sorted(n for m, n in report.order if m == "FULL"), sorted(k.num_tokens for k in want["FULL"]),
+    check.equal(sorted(n for m, n in report.order if m == "FULL"), sorted(k.num_padded_tokens for k in want["FULL"]),
                 source=keys.source, case=case, what="sizes of the FULL graphs")
     check.that(report.seconds > 0, what="capture time is reported", source=RUNTIME_WORD, case=case)
 
 
-@pytest.mark.requires("vllm_policy")
+@pytest.mark.requires("vllm_rules")
 @pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "FULL"])
 def test_capture_order_is_piecewise_first_and_largest_first(check, engines, mode):
     engine, report, case = captured(check, engines, mode, 0)

@@ -65,12 +65,12 @@ def test_lazy_capture_in_service_leaves_live_requests_intact(check, engines):
                                  (mixed_requests(seqs[: n - 1], [engines.new_id()], [2]), True)):
             before = engine.kv_snapshot() if inspect else None
             out = engine.step(requests)
-            case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+            case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}"
             if inspect:
                 stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot())
                 check.that(not stray, what="a step wrote KV slots its real tokens did not own", source=OBSERVED,
                            case=case, stray_slots=stray[:10], graphs_captured_in_service=engine.captures_in_service)
-            check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
+            check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER,
                             case=case, what="a step differs from eager")
             if joined:
                 engine.release(requests[-1].request_id)

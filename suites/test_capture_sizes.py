@@ -1,9 +1,9 @@
 """Capture sizes (docs/spec.md section 3; vLLM's two model runners in docs/runners.md).
 
-- vLLM conformance (`vllm_policy`): the spec's counts and examples, written here literally, and
+- vLLM conformance (`vllm_rules`): the spec's counts and examples, written here literally, and
   every drawn config against the harness's independent oracle. Where vLLM's V1 and V2 model
   runners differ (q > 1 with FULL decode graphs) each case names the runner it holds an engine
-  to; the others hold for both. A runtime declaring vLLM 0.25's rules (Capabilities.vllm_version)
+  to; the others hold for both. A runtime declaring vLLM 0.25's rules (Capabilities.rules)
   is asked in its release and held to the spec's 0.25 values where they differ (docs/spec.md
   section 11, `*_0_25` below).
 - Any runtime with a bucket policy (`capture_sizes`): sizes are sorted, unique, positive and fit
@@ -34,14 +34,14 @@ SPEC_COUNTS = [
     ("D1024-seqs264", PolicyConfig(max_num_seqs=264, platform_max=1024, max_num_batched_tokens=2048), 53, 528),
     ("D1024-seqs300", PolicyConfig(max_num_seqs=300, platform_max=1024, max_num_batched_tokens=2048), 57, 592),
     # vLLM's V1 model runner rounds sizes to multiples of q under FULL decode graphs.
-    ("v1-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, runner="v1"), 50, 512),
-    ("v1-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v1"), 56, 504),
-    ("v1-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, runner="v1"), 49, 512),
+    ("v1-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, rules="vllm-0.33/v1"), 50, 512),
+    ("v1-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, rules="vllm-0.33/v1"), 56, 504),
+    ("v1-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, rules="vllm-0.33/v1"), 49, 512),
     # vLLM's V2 model runner keeps the sizes unrounded (it rounds its decode keys instead:
     # test_dispatch.py); counts from V2's own code (vllm 0.33.0, CudaGraphManager).
-    ("v2-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, runner="v2"), 51, 512),
-    ("v2-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v2"), 60, 512),
-    ("v2-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, runner="v2"), 51, 512),
+    ("v2-q2-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=1, rules="vllm-0.33/v2"), 51, 512),
+    ("v2-q3-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, rules="vllm-0.33/v2"), 60, 512),
+    ("v2-q4-full", PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=3, rules="vllm-0.33/v2"), 51, 512),
 ]
 
 
@@ -50,7 +50,7 @@ SPEC_COUNTS_0_25 = {"seqs264-offgrid": (51, 512), "seqs100-offgrid": (28, 200), 
                     "D1024-seqs264": (51, 512), "D1024-seqs300": (51, 512), "v2-q3-full": (51, 512)}
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("case,config,count,largest", SPEC_COUNTS, ids=[c[0] for c in SPEC_COUNTS])
 def test_spec_counts(check, runtime, case, config, count, largest):
     config = vllm_rules(runtime, config)
@@ -68,13 +68,13 @@ SPEC_EXAMPLES = [
      [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]),
     ("user-dedup-filter", PolicyConfig(max_num_seqs=8, capture_sizes=(8, 4, 4, 1, 9000)), [1, 4, 8]),
     ("user-q2-rounded-v1",
-     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v1"), [2, 4]),
+     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, rules="vllm-0.33/v1"), [2, 4]),
     ("user-q2-unrounded-v2",
-     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, runner="v2"), [1, 2, 3, 5]),
+     PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, rules="vllm-0.33/v2"), [1, 2, 3, 5]),
     ("user-q2-piecewise-unrounded",
      PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 3, 5), num_speculative_tokens=1, mode="PIECEWISE"), [1, 2, 3, 5]),
     # V2 accepts sizes that hold no whole request of q: they serve mixed batches, decode runs without them.
-    ("no-size-holds-q-v2", PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v2"),
+    ("no-size-holds-q-v2", PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, rules="vllm-0.33/v2"),
      [1, 2]),
     # Every given size above max_num_batched_tokens: nothing is captured, every batch runs eager.
     ("no-user-size-fits", PolicyConfig(max_num_seqs=8, max_num_batched_tokens=16, capture_sizes=(32, 64)), []),
@@ -82,7 +82,7 @@ SPEC_EXAMPLES = [
 SPEC_EXAMPLES_0_25 = {"seqs3": [1, 2, 4]}  # cap 6, and no off-grid append
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("case,config,expected", SPEC_EXAMPLES, ids=[c[0] for c in SPEC_EXAMPLES])
 def test_spec_examples(check, runtime, case, config, expected):
     config = vllm_rules(runtime, config)
@@ -90,19 +90,19 @@ def test_spec_examples(check, runtime, case, config, expected):
     check.equal(runtime.capture_sizes(config), expected, what="capture sizes", source=SPEC, case=config)
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("user_max,largest", [(257, 256), (256, 256), (250, 248), (3, 2), (1, 1)])
 def test_user_max_is_truncated_to_the_grid(check, runtime, user_max, largest):
     config = vllm_rules(runtime, PolicyConfig(max_num_seqs=256, max_capture_size=user_max))
     check.equal(runtime.capture_sizes(config)[-1], largest, what="truncated max capture size", source=SPEC, case=config)
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("config,mentions", [
     (PolicyConfig(max_num_seqs=8, capture_sizes=()), ("capture_sizes",)),
     (PolicyConfig(max_num_seqs=8, capture_sizes=(1, 2, 8), max_capture_size=4), ("capture_size",)),
     (PolicyConfig(max_num_seqs=64, max_num_batched_tokens=32), ("max_num_batched_tokens", "max_num_seqs")),
-    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, runner="v1"), ()),
+    (PolicyConfig(max_num_seqs=4, capture_sizes=(1, 2), num_speculative_tokens=3, rules="vllm-0.33/v1"), ()),
 ], ids=["empty-user-sizes", "user-max-inconsistent", "tokens-below-seqs", "no-size-holds-q-v1"])
 def test_bad_configs_are_rejected(check, runtime, config, mentions):
     config = vllm_rules(runtime, config)
@@ -117,7 +117,7 @@ def _answer(call):
         return f"rejected: {exc}"
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @given(config=policy_configs())
 def test_sizes_match_the_oracle(check, runtime, config):
     """Where the oracle rejects a config the runtime must too, and elsewhere give the same sizes."""
@@ -146,7 +146,7 @@ def test_sizes_are_sorted_unique_positive_and_fit_the_token_budget(check, runtim
                case=config, sizes=sizes)
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy", "speculative")
+@pytest.mark.requires("capture_sizes", "vllm_rules", "speculative")
 @pytest.mark.vllm_runner("v1")
 @given(config=policy_configs(modes=("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), runners=("v1",)))
 def test_v1_full_decode_sizes_hold_whole_requests(check, runtime, config):

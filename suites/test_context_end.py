@@ -35,11 +35,11 @@ def run_to_the_end(check, engines, engine, q: int = 1):
         except ValueError as exc:
             check.fail("a step within max_model_len was refused: an engine holds every request up to the length "
                        "it was built with", case=case, error=describe_exception(exc))
-        if (out.runtime_mode, out.padded_num_tokens) == ("NONE", out.num_tokens):
+        if (out.runtime_mode, out.num_padded_tokens) == ("NONE", out.num_real_tokens):
             continue  # it ran as the eager step would: nothing to compare
-        eager = engine.eager_step(requests, out.padded_num_tokens)
+        eager = engine.eager_step(requests, out.num_padded_tokens)
         check.same_bits(out.logits, eager.logits, source=EAGER, case=f"{case}; ran {out.runtime_mode} at "
-                        f"{out.padded_num_tokens}", what="a step at the end of the context differs from eager")
+                        f"{out.num_padded_tokens}", what="a step at the end of the context differs from eager")
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
@@ -93,7 +93,7 @@ def test_a_step_past_max_model_len_is_refused_clearly_or_runs_right(check, engin
                    what="a step past max_model_len overwrote another request's KV")
     within = [Request(other, (7,), 3)]
     out = engine.step(within)
-    check.same_bits(out.logits, engine.eager_step(within, out.padded_num_tokens).logits, source=EAGER,
+    check.same_bits(out.logits, engine.eager_step(within, out.num_padded_tokens).logits, source=EAGER,
                     case=describe_batch(within), what="the step after one past the limit differs from eager")
     for request_id in (full, other):
         engine.release(request_id)

@@ -3,7 +3,7 @@
 - Any runtime with `data_parallel` and `dispatch`: ranks agree on one mode and, under a graph
   mode, one padded size; no rank moves above the lowest mode any rank dispatched alone (the
   runtime's own dispatch()).
-- vLLM conformance (`vllm_policy`): the spec's examples, and drawn rank batches against the oracle,
+- vLLM conformance (`vllm_rules`): the spec's examples, and drawn rank batches against the oracle,
   for vLLM's V1 and V2 model runners (docs/runners.md says how they differ).
 
 Ranks in separate processes are tested by test_data_parallel_execution.py.
@@ -53,10 +53,10 @@ EXAMPLES = [
 ]
 
 
-@pytest.mark.requires("data_parallel", "vllm_policy")
+@pytest.mark.requires("data_parallel", "vllm_rules")
 @pytest.mark.parametrize("runner,ranks,expected", [e[1:] for e in EXAMPLES], ids=[f"{e[1]}-{e[0]}" for e in EXAMPLES])
 def test_spec_examples(check, runtime, runner, ranks, expected):
-    config = PolicyConfig(max_num_seqs=64, mode=FAP, runner=runner)
+    config = PolicyConfig(max_num_seqs=64, mode=FAP, rules=f"vllm-0.33/{runner}")
     check.equal(runtime.dp_dispatch(config, ranks), expected, source=SPEC, case=config,
                 what=f"what each rank runs for {ranks}")
 
@@ -72,18 +72,18 @@ def test_ranks_agree_and_never_move_up(check, runtime, seqs, data):
 
 def _agree_and_never_move_up(check, runtime, config, ranks):
     agreed = runtime.dp_dispatch(config, ranks)
-    alone = [runtime.dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+    alone = [runtime.dispatch(config, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
     check.that(len({d.runtime_mode for d in agreed}) == 1, what="every rank runs the same mode", case=config,
                ranks=ranks, agreed=agreed)
     if agreed[0].runtime_mode == "NONE":
-        check.that(all(d.descriptor.num_tokens in (r.num_tokens, a.descriptor.num_tokens)
+        check.that(all(d.descriptor.num_padded_tokens in (r.num_real_tokens, a.descriptor.num_padded_tokens)
                        for d, r, a in zip(agreed, ranks, alone)), source=OWN_POLICY, case=config,
                    what="agreed on eager, a rank runs at its own size (as its own dispatch chose)", ranks=ranks,
                    agreed=agreed)
     else:
-        check.that(len({d.descriptor.num_tokens for d in agreed}) == 1, what="every rank runs the same padded size",
+        check.that(len({d.descriptor.num_padded_tokens for d in agreed}) == 1, what="every rank runs the same padded size",
                    case=config, ranks=ranks, agreed=agreed)
-        check.that(all(d.descriptor.num_tokens >= r.num_tokens for d, r in zip(agreed, ranks)), case=config,
+        check.that(all(d.descriptor.num_padded_tokens >= r.num_real_tokens for d, r in zip(agreed, ranks)), case=config,
                    what="no rank is padded below its batch", ranks=ranks, agreed=agreed)
     floor = lowest(d.runtime_mode for d in alone)
     check.that(RUNTIME_MODES.index(agreed[0].runtime_mode) <= RUNTIME_MODES.index(floor), source=OWN_POLICY,
@@ -91,12 +91,12 @@ def _agree_and_never_move_up(check, runtime, config, ranks):
                ranks=ranks, agreed=agreed, alone=alone)
 
 
-@pytest.mark.requires("data_parallel", "vllm_policy")
+@pytest.mark.requires("data_parallel", "vllm_rules")
 @given(seqs=st.sampled_from([8, 64, 264]), data=st.data())
 def test_matches_the_oracle(check, runtime, seqs, data):
     """Every config mode and both of vLLM's runners are asked about each drawn set of rank batches."""
     ranks = data.draw(rank_batches(seqs), label="ranks")
     for mode, runner in itertools.product(CONFIG_MODES, ("v1", "v2")):
-        config = PolicyConfig(max_num_seqs=seqs, mode=mode, runner=runner)
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode, rules=f"vllm-0.33/{runner}")
         check.equal(runtime.dp_dispatch(config, ranks), oracle.dp_dispatch(config, ranks), source=ORACLE, case=config,
                     what=f"what each rank runs for {ranks}")

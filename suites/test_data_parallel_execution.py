@@ -12,7 +12,7 @@ own batch, or none (idle), and the harness observes what each ran. Checked at ev
 - an idle rank runs a dummy batch: it joins the agreed mode and size, its graph launches are
   counted like any rank's (under NONE its eager forward is not observable), and it writes no KV;
 - no rank writes a KV slot outside its real tokens' slots (an idle rank: none at all);
-- under `vllm_policy`, each rank runs what harness.expectations.oracle.dp_dispatch says (an idle rank taking
+- under `vllm_rules`, each rank runs what harness.expectations.oracle.dp_dispatch says (an idle rank taking
   part as vLLM's dummy decode of one request);
 - a rank that hangs (it waits on a collective another rank skipped) fails the step within a
   bounded time, naming the step and every rank's batch.
@@ -145,7 +145,7 @@ class DataParallelRun:
                 if record is not None:
                     record(DataParallelStep(
                         step=index, batches=[distributed.describe_rank_batch(b) for b in batches],
-                        modes=[r.runtime_mode for r in ran], padded=[r.padded_num_tokens for r in ran],
+                        modes=[r.runtime_mode for r in ran], padded=[r.num_padded_tokens for r in ran],
                         agreed_mode=ran[0].runtime_mode if len({r.runtime_mode for r in ran}) == 1 else "disagreed",
                         waste_tokens=waste))
                 for rank, batch in zip(ranks, batches):
@@ -160,7 +160,7 @@ class DataParallelRun:
         each rank would have run alone; all of an idle rank's)."""
         runtime, q = self.runtime, policy.query_len
         case += "".join(f"\n    rank {r.rank}: {distributed.describe_rank_batch(r.requests)} -> ran {r.runtime_mode} "
-                        f"at {r.padded_num_tokens}" for r in ran)
+                        f"at {r.num_padded_tokens}" for r in ran)
         for r in ran:
             check.that(r.problem is None, what=f"rank {r.rank}: {r.problem}", case=case,
                        source="the protocol (harness/protocol.py)")
@@ -173,8 +173,8 @@ class DataParallelRun:
         if runtime.capabilities.dispatch:
             for r in busy:
                 uniform = is_uniform(r.requests, q)
-                own[r.rank] = runtime.dispatch(policy, r.num_tokens, len(r.requests), uniform)
-        alone = {"alone": {rank: f"{d.runtime_mode} at {d.descriptor.num_tokens}" for rank, d in own.items()}}
+                own[r.rank] = runtime.dispatch(policy, r.num_real_tokens, len(r.requests), uniform)
+        alone = {"alone": {rank: f"{d.runtime_mode} at {d.descriptor.num_padded_tokens}" for rank, d in own.items()}}
         alone = alone if own else {}  # shown with each failure below
         # The mode: the same on every rank, the lowest the busy ranks' own dispatch() gives.
         if own:
@@ -192,20 +192,20 @@ class DataParallelRun:
         # under NONE each busy rank its own (its real tokens, or the size its own dispatch chose).
         if agreed != "NONE":
             if own:
-                size, source = max(d.descriptor.num_tokens for d in own.values()), OWN_POLICY
+                size, source = max(d.descriptor.num_padded_tokens for d in own.values()), OWN_POLICY
                 rule = f"the largest size any busy rank's own dispatch() chose ({size})"
             else:
-                size = ran[0].padded_num_tokens
+                size = ran[0].num_padded_tokens
                 source, rule = OBSERVED, f"the same size as rank 0 ({size})"
             for r in ran:
-                check.that(r.padded_num_tokens == size, source=source, case=case, **alone,
-                           what=f"rank {r.rank} ran {agreed} at {r.padded_num_tokens}; under a graph mode every "
+                check.that(r.num_padded_tokens == size, source=source, case=case, **alone,
+                           what=f"rank {r.rank} ran {agreed} at {r.num_padded_tokens}; under a graph mode every "
                                 f"rank pads to {rule}")
         else:
             for r in busy:
-                allowed = sorted({r.num_tokens, own[r.rank].descriptor.num_tokens}) if r.rank in own else None
-                check.that(allowed is None or r.padded_num_tokens in allowed, source=OWN_POLICY, case=case, **alone,
-                           what=f"rank {r.rank} ran NONE at {r.padded_num_tokens}; agreed on eager, a rank runs at "
+                allowed = sorted({r.num_real_tokens, own[r.rank].descriptor.num_padded_tokens}) if r.rank in own else None
+                check.that(allowed is None or r.num_padded_tokens in allowed, source=OWN_POLICY, case=case, **alone,
+                           what=f"rank {r.rank} ran NONE at {r.num_padded_tokens}; agreed on eager, a rank runs at "
                                 f"its own size {allowed} (no padding across ranks under NONE)")
         for r in ran:
             if r.requests:
@@ -215,13 +215,13 @@ class DataParallelRun:
                 check.that(not r.stray_kv_slots, source=OBSERVED, case=case, stray_slots=r.stray_kv_slots[:10],
                            what=f"rank {r.rank} wrote KV slots outside its real tokens' slots" +
                                          ("" if r.requests else " (an idle rank's dummy batch must write none)"))
-        if runtime.capabilities.vllm_policy:
-            batches = [RankBatch(r.num_tokens, len(r.requests), is_uniform(r.requests, q))
+        if runtime.capabilities.has("vllm_rules"):
+            batches = [RankBatch(r.num_real_tokens, len(r.requests), is_uniform(r.requests, q))
                        if r.requests else RankBatch(q, 1, True) for r in ran]  # idle: vLLM's dummy decode
-            want = [(d.runtime_mode, d.descriptor.num_tokens) for d in oracle.dp_dispatch(policy, batches)]
-            check.equal([(r.runtime_mode, r.padded_num_tokens) for r in ran], want, source=ORACLE, case=case,
+            want = [(d.runtime_mode, d.descriptor.num_padded_tokens) for d in oracle.dp_dispatch(policy, batches)]
+            check.equal([(r.runtime_mode, r.num_padded_tokens) for r in ran], want, source=ORACLE, case=case,
                         what="what each rank ran (mode, padded size)")
-        return sum(r.padded_num_tokens - (own[r.rank].descriptor.num_tokens if r.rank in own else r.num_tokens)
+        return sum(r.num_padded_tokens - (own[r.rank].descriptor.num_padded_tokens if r.rank in own else r.num_real_tokens)
                    for r in ran)
 
 

@@ -1,10 +1,10 @@
 """Fallback (docs/spec.md section 7, invariant 5): above the largest capture size a step runs
 eager and unpadded and is still right; near the largest size a graph step runs at one of the
-runtime's own sizes that holds the batch (under `vllm_policy` the smallest, so at the largest
+runtime's own sizes that holds the batch (under `vllm_rules` the smallest, so at the largest
 nothing is padded); a mode the attention backends cannot honour resolves (or is rejected) as it
 should, and what then runs is right.
 
-Expected values: the runtime's own sizes and dispatch (under `vllm_policy` also the spec), where
+Expected values: the runtime's own sizes and dispatch (under `vllm_rules` also the spec), where
 the mode resolves to (the spec, or the runtime's own resolve_mode()), and an eager step of the
 same runtime at the same shape.
 """
@@ -47,17 +47,17 @@ def _around_the_max(check, engines, engine):
         out = engine.step(requests)  # the mode and size are checked against dispatch() on every step
         case = f"{describe_batch(requests)}; max capture size {largest}"
         if tokens > largest:  # no graph is that large, whatever the grid
-            check.equal((out.runtime_mode, out.padded_num_tokens), ("NONE", tokens), source=OWN_POLICY, case=case,
+            check.equal((out.runtime_mode, out.num_padded_tokens), ("NONE", tokens), source=OWN_POLICY, case=case,
                         what="above the largest size: eager and unpadded")
-        elif out.runtime_mode != "NONE" and runtime.capabilities.vllm_policy:
-            check.equal(out.padded_num_tokens, padded(sizes, tokens), source=SPEC, case=case,
+        elif out.runtime_mode != "NONE" and runtime.capabilities.has("vllm_rules"):
+            check.equal(out.num_padded_tokens, padded(sizes, tokens), source=SPEC, case=case,
                         what="a mixed batch pads to the smallest capture size that holds it (at the largest, nothing)")
         elif out.runtime_mode != "NONE":  # mixed batches may pad by their own buckets (SGLang's prefill does)
-            check.that(out.padded_num_tokens in sizes and out.padded_num_tokens >= tokens, source=OWN_POLICY,
-                       case=case, padded=out.padded_num_tokens, capture_sizes_near_the_top=sizes[-4:],
+            check.that(out.num_padded_tokens in sizes and out.num_padded_tokens >= tokens, source=OWN_POLICY,
+                       case=case, padded=out.num_padded_tokens, capture_sizes_near_the_top=sizes[-4:],
                        what="a graph step runs at one of its own capture sizes, never smaller than the batch")
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
-                        case=case, what=f"{out.runtime_mode} step at {out.padded_num_tokens} differs from eager")
+        check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER,
+                        case=case, what=f"{out.runtime_mode} step at {out.num_padded_tokens} differs from eager")
         engine.release(ids[0])
 
 
@@ -79,6 +79,6 @@ def test_modes_the_backend_cannot_honour_resolve_and_then_run_right(check, engin
     joined = engines.new_id()
     for requests in (mixed_requests(seqs, [], []), mixed_requests(seqs[:2], [joined], [3])):
         out = engine.step(requests)
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER,
-                        case=f"{case}; {describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}",
+        check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER,
+                        case=f"{case}; {describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}",
                         what="after resolution the step differs from eager")

@@ -109,12 +109,12 @@ def test_padded_graph_steps_on_a_full_cache(check, engines, mode):
         except Exception as exc:  # noqa: BLE001 - any other refusal is the failure
             check.that(False, source=DECLARED, case=describe_batch(requests), error=describe_exception(exc),
                        what="a step that needs no new KV block was refused on a full cache, not with KVCacheFull")
-        case = f"{describe_batch(requests)} on a full KV cache; {out.runtime_mode} at {out.padded_num_tokens}"
-        padded += out.padded_num_tokens > out.num_tokens
+        case = f"{describe_batch(requests)} on a full KV cache; {out.runtime_mode} at {out.num_padded_tokens}"
+        padded += out.num_padded_tokens > out.num_real_tokens
         stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot())
         check.that(not stray, source=OBSERVED, case=case, stray_slots=stray[:10],
                    what="a padded step on a full KV cache wrote slots its real tokens do not own (a live request's)")
-        check.same_bits(out.logits, engine.eager_step(requests, out.padded_num_tokens).logits, source=EAGER, case=case,
+        check.same_bits(out.logits, engine.eager_step(requests, out.num_padded_tokens).logits, source=EAGER, case=case,
                         what="a padded step on a full KV cache vs eager at the same shape")
         if anchor is not None:
             difference = float((out.logits.float().cpu() - anchor.step(requests, history)).abs().max())

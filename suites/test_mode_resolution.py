@@ -1,7 +1,7 @@
 """Mode resolution (docs/spec.md section 5): what a requested mode becomes for the weakest
 attention backend.
 
-- vLLM conformance (`vllm_policy`): the spec's table cell by cell, its variants without
+- vLLM conformance (`vllm_rules`): the spec's table cell by cell, its variants without
   piecewise graphs, without piecewise capture (vLLM 0.33), with empty splitting ops and with q > 1; rejections that suggest what works;
   modes without FULL graphs do not depend on attention support.
 - Any runtime with `mode_resolution`: every answer is a config mode, echoes the request, keeps
@@ -14,7 +14,7 @@ import pytest
 
 from harness.protocol import ResolveRequest
 from harness.reports.records import ResolutionCell
-from harness.vocabulary import CONFIG_MODES, CONTRACT, OWN_POLICY, SHORT_NAMES, SPEC, SUPPORT_LEVELS, expected_resolution
+from harness.vocabulary import CONFIG_MODES, CONTRACT, OWN_POLICY, SHORT_NAMES, SPEC, SPEC_RELEASE, SUPPORT_LEVELS, expected_resolution
 
 INVARIANT = "mode resolution"
 
@@ -31,7 +31,7 @@ def _check(check, runtime, record, request, expected, variant):
     # The cell of the runtime's declared release (docs/spec.md section 11), where releases differ.
     expected = expected_resolution(request.mode, request.support, request.num_speculative_tokens,
                                    request.attention_in_splitting_ops, request.splitting_ops_empty,
-                                   vllm_version=runtime.capabilities.vllm_version,
+                                   vllm_version=runtime.capabilities.vllm_release or SPEC_RELEASE,
                                    piecewise_capture=request.piecewise_capture)
     cell = dict(variant=variant, requested=request.mode, support=request.support)
     if expected.error:
@@ -47,25 +47,25 @@ def _check(check, runtime, record, request, expected, variant):
                    source=SPEC, case=request, warnings=result.warnings)
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.requires("mode_resolution", "vllm_rules")
 @pytest.mark.parametrize("request_,expected", list(_cells()))
 def test_default_table(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "default")
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.requires("mode_resolution", "vllm_rules")
 @pytest.mark.parametrize("request_,expected", list(_cells(attention_in_splitting_ops=False)))
 def test_without_attention_in_splitting_ops(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "no attention in splitting_ops")
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.requires("mode_resolution", "vllm_rules")
 @pytest.mark.parametrize("request_,expected", list(_cells(splitting_ops_empty=True)))
 def test_with_empty_splitting_ops(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "empty splitting_ops")
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.requires("mode_resolution", "vllm_rules")
 @pytest.mark.vllm_release("0.33")
 @pytest.mark.parametrize("request_,expected", list(_cells(piecewise_capture=False)))
 def test_without_piecewise_capture(check, runtime, record, request_, expected):
@@ -74,14 +74,14 @@ def test_without_piecewise_capture(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "no piecewise capture")
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")
+@pytest.mark.requires("mode_resolution", "vllm_rules", "speculative")
 @pytest.mark.vllm_release("0.33")
 @pytest.mark.parametrize("request_,expected", list(_cells(piecewise_capture=False, num_speculative_tokens=2)))
 def test_speculative_decoding_without_piecewise_capture(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, "q=3, no piecewise capture")
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy", "speculative")
+@pytest.mark.requires("mode_resolution", "vllm_rules", "speculative")
 @pytest.mark.parametrize("request_,expected", [
     *_cells(num_speculative_tokens=1),
     *_cells(num_speculative_tokens=3),
@@ -92,7 +92,7 @@ def test_speculative_decoding(check, runtime, record, request_, expected):
     _check(check, runtime, record, request_, expected, variant)
 
 
-@pytest.mark.requires("mode_resolution", "vllm_policy")
+@pytest.mark.requires("mode_resolution", "vllm_rules")
 @pytest.mark.parametrize("support", SUPPORT_LEVELS)
 def test_none_and_piecewise_do_not_depend_on_attention_support(check, runtime, support):
     for mode in ("NONE", "PIECEWISE"):
@@ -107,7 +107,7 @@ PLAIN_VARIANTS = [dict(num_speculative_tokens=k) for k in (0, 1)]
 
 
 def _variants(runtime):
-    if runtime.capabilities.vllm_policy:
+    if runtime.capabilities.has("vllm_rules"):
         return VLLM_VARIANTS
     return PLAIN_VARIANTS if runtime.capabilities.speculative else PLAIN_VARIANTS[:1]
 

@@ -95,7 +95,7 @@ def _compare(check, engines, record, anchor, steps_run, label):
         got = out.logits.float().cpu()
         difference = float((got - expected).abs().max())
         largest = max(largest, difference)
-        case = f"step {steps - 1}: {describe_batch(requests)}; ran {out.runtime_mode} at {out.padded_num_tokens}"
+        case = f"step {steps - 1}: {describe_batch(requests)}; ran {out.runtime_mode} at {out.num_padded_tokens}"
         check.note_difference(difference)
         check.that(difference <= tolerance.value, source=INDEPENDENT_FORWARD, case=case,
                    what=f"logits differ from transformers' forward by more than {tolerance.explain()}",

@@ -79,13 +79,13 @@ def padded_rows(inputs, real: int) -> dict:
     return rows
 
 
-def check_padded_rows(check, engines, inputs, real: int, num_tokens: int, case):
+def check_padded_rows(check, engines, inputs, real: int, num_real_tokens: int, case):
     """Query starts non-decreasing inside the step; padded rows neutral."""
     if inputs.query_start_loc is not None:
         starts = inputs.query_start_loc.cpu()
-        check.that(bool((starts[1:] >= starts[:-1]).all()) and bool(((starts >= 0) & (starts <= num_tokens)).all()),
+        check.that(bool((starts[1:] >= starts[:-1]).all()) and bool(((starts >= 0) & (starts <= num_real_tokens)).all()),
                    source=OBSERVED, case=case, query_start_loc=starts.tolist(),
-                   what=f"query start offsets must be non-decreasing and within 0..{num_tokens}, padded rows "
+                   what=f"query start offsets must be non-decreasing and within 0..{num_real_tokens}, padded rows "
                         "included (attention kernels read every row's start and end)")
     if inputs.seq_lens is None:
         return
@@ -123,9 +123,9 @@ def test_request_rows_are_right_and_padded_rows_neutral(check, engines, mode):
                 engine.step(previous)  # leaves another batch's rows in the static buffers
                 out = engine.step(requests)
                 inputs = engine.last_step_inputs()
-                case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+                case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}"
                 check_real_rows(check, engines, engine, requests, inputs, case)
-                check_padded_rows(check, engines, inputs, len(requests), out.padded_num_tokens, case)
+                check_padded_rows(check, engines, inputs, len(requests), out.num_padded_tokens, case)
                 seen.append(padded_rows(inputs, len(requests)))
             engine.release(stranger)
             if joined is not None:
@@ -147,6 +147,6 @@ def test_unpadded_and_eager_steps_stage_right_rows(check, engines, mode):
     for requests in (decode_requests(seqs), mixed_requests(seqs[:2], [engines.new_id()], [4])):
         out = engine.step(requests)
         inputs = engine.last_step_inputs()
-        case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+        case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}"
         check_real_rows(check, engines, engine, requests, inputs, case)
-        check_padded_rows(check, engines, inputs, len(requests), out.padded_num_tokens, case)
+        check_padded_rows(check, engines, inputs, len(requests), out.num_padded_tokens, case)

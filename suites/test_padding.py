@@ -36,14 +36,14 @@ def sizes_of(check, runtime, config) -> tuple[PolicyConfig, list[int]]:
     """(config, the runtime's sizes for it), in the first graph mode that has sizes: a policy with
     graphs only under FULL_DECODE_ONLY, say, has none under the default FULL_AND_PIECEWISE, and
     an empty grid would check nothing. Only ordinary configs must be answered: a policy of its own
-    may reject user-given sizes (the test then skips); under vllm_policy they are vLLM's."""
+    may reject user-given sizes (the test then skips); under vllm_rules they are vLLM's."""
     try:
         for mode in (config.mode, "FULL", FDO, "PIECEWISE"):
             sizes = runtime.capture_sizes(replace(config, mode=mode))
             if sizes:
                 return replace(config, mode=mode), sizes
     except ValueError as exc:
-        if config.capture_sizes is None or runtime.capabilities.vllm_policy:
+        if config.capture_sizes is None or runtime.capabilities.has("vllm_rules"):
             raise
         check.skip(f"it rejects user-given capture sizes {config.capture_sizes}, as a policy of its own may: {exc}")
     check.skip(f"no graph mode has capture sizes for {config}")
@@ -94,7 +94,7 @@ def test_padding_is_monotone_and_lands_on_a_size(check, runtime, config, data):
                    source=OWN_POLICY, case=config, padded=(pa, pb))
 
 
-@pytest.mark.requires("capture_sizes", "vllm_policy")
+@pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("seqs,batch,count,padded_to,waste,pct", [
     (64, 5, 19, 8, 3, 37.50),
     (256, 500, 51, 512, 12, 2.34),

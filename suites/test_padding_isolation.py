@@ -51,12 +51,12 @@ def test_real_rows_ignore_what_padded_rows_hold(check, engines, mode, padding_fi
         plain = engine.step(requests)
         plain_inputs = engine.last_step_inputs() if engines.runtime.capabilities.input_inspection else None
         filled = engine.step(requests, padding_fill=padding_fill)
-        case = f"{describe_batch(requests)}; {filled.runtime_mode} at {filled.padded_num_tokens}"
-        padded_steps += filled.padded_num_tokens > filled.num_tokens
+        case = f"{describe_batch(requests)}; {filled.runtime_mode} at {filled.num_padded_tokens}"
+        padded_steps += filled.num_padded_tokens > filled.num_real_tokens
         check.same_bits(filled.logits, plain.logits, what=f"real rows changed when padded rows held {padding_fill!r}",
                         source="the same step without the fill", case=case)
-        if plain_inputs is not None and filled.padded_num_tokens > filled.num_tokens and padding_fill != "zeros":
-            n, filled_inputs = filled.num_tokens, engine.last_step_inputs()
+        if plain_inputs is not None and filled.num_padded_tokens > filled.num_real_tokens and padding_fill != "zeros":
+            n, filled_inputs = filled.num_real_tokens, engine.last_step_inputs()
             check.that(not torch.equal(filled_inputs.token_ids[n:], plain_inputs.token_ids[n:])
                        or not torch.equal(filled_inputs.positions[n:], plain_inputs.positions[n:]),
                        what=f"the {padding_fill!r} fill did not reach the padded rows: they hold the token ids and "
@@ -87,7 +87,7 @@ def test_padded_rows_write_no_kv_slot(check, engines, mode):
             last = before.shape[0] - 1
             check.that(not stray, what="padded rows wrote KV-cache slots" + (
                 " (including the last slot, where -1 wraps)" if last in stray else ""), source=OBSERVED,
-                case=f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}; "
+                case=f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}; "
                      f"padded rows {fill or 'as the engine pads'}", stray_slots=stray[:10], real_slots=sorted(written)[:10])
         for request_id in started:
             engine.release(request_id)
@@ -110,8 +110,8 @@ def test_padded_rows_at_the_top_of_a_larger_grid_are_isolated(check, engines):
         before = engine.kv_snapshot()
         plain = engine.step(requests)
         stray = kv.stray_slots(engine, requests, before, engine.kv_snapshot(), kv.written_slots(engine, requests))
-        case = f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.padded_num_tokens}"
-        padded += plain.padded_num_tokens > plain.num_tokens
+        case = f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.num_padded_tokens}"
+        padded += plain.num_padded_tokens > plain.num_real_tokens
         check.that(not stray, what="padded rows wrote KV-cache slots", source=OBSERVED, case=case, stray_slots=stray[:10])
         if fill:
             filled = engine.step(requests, padding_fill=fill)
@@ -130,7 +130,7 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
     `random_padding_ids` draws the ids anew each step: they are held to differ from what the step
     before left in those rows, and only positions and slots to be the same."""
     engine = engines.for_mode(mode)
-    random_ids = engines.runtime.capabilities.random_padding_ids
+    random_ids = engines.runtime.capabilities.declares("random_padding_ids")
     seqs = prefill(engine, [engines.new_id() for _ in LENGTHS], LENGTHS)
     for n in padded_counts(engines.runtime, engine, len(seqs)):
         requests = decode_requests(seqs[:n])
@@ -141,8 +141,8 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
             before = engine.last_step_inputs().token_ids
             out = engine.step(requests)
             inputs = engine.last_step_inputs()
-            pad = slice(out.num_tokens, out.padded_num_tokens)
-            case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
+            pad = slice(out.num_real_tokens, out.num_padded_tokens)
+            case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}"
             ids, positions, slots = inputs.token_ids[pad], inputs.positions[pad], inputs.slot_mapping[pad]
             check.that(bool(((ids >= 0) & (ids < engines.vocab)).all()), source=OBSERVED, case=case,
                        what=f"padded rows hold token ids outside the vocabulary 0..{engines.vocab - 1}",
@@ -155,7 +155,7 @@ def test_padded_inputs_are_valid_and_do_not_remember_earlier_steps(check, engine
                        padded_slots=slots.tolist())
             kept = [ids] if not random_ids else []
             seen.append(torch.stack([*kept, positions, slots]).cpu())
-            if random_ids and len(before) >= out.padded_num_tokens:
+            if random_ids and len(before) >= out.num_padded_tokens:
                 left_there.append(bool(torch.equal(ids.cpu(), before[pad].cpu())))
         engine.release(stranger)
         check.that(all(torch.equal(seen[0], other) for other in seen[1:]), source=OBSERVED,
@@ -179,8 +179,8 @@ def test_a_small_batch_after_a_large_one_sees_fresh_metadata(check, engines, mod
     advance(seqs, large)
     small = decode_requests(seqs[:2])
     got = engine.step(small)
-    case = f"{describe_batch(small)}; {got.runtime_mode} at {got.padded_num_tokens}"
-    check.same_bits(got.logits, engine.eager_step(small, got.padded_num_tokens).logits, source=EAGER, case=case,
+    case = f"{describe_batch(small)}; {got.runtime_mode} at {got.num_padded_tokens}"
+    check.same_bits(got.logits, engine.eager_step(small, got.num_padded_tokens).logits, source=EAGER, case=case,
                     what="small step after a large one vs eager at the same shape")
     # An engine that never ran the large batch: prefill each context whole, then the same small step.
     fresh = engines.get(mode="NONE", fresh=True, capture=False)

@@ -1,7 +1,7 @@
 """Replay equivalence (docs/spec.md section 7, invariant 1): a graph step equals an eager step of
 the same runtime at the same padded shape, bit for bit (`torch.equal`), at every bucket boundary
 s-1, s, s+1 of the runtime's own sizes, for uniform, mixed and q > 1 verify batches, and for
-batches of q x num_reqs tokens in requests of unequal lengths (which are not uniform); a graph
+batches of q x num_real_rows tokens in requests of unequal lengths (which are not uniform); a graph
 engine and an eager engine driven through the same generation agree at every step, and through
 decode steps of one size whose rows change owner (an engine that keeps request rows from step to
 step, as vLLM's persistent batch does, must follow each request to its row), and through verify
@@ -60,9 +60,9 @@ def boundary_batches(engines, engine, seqs, q=1, above: int = 0):
 
 def check_step(check, engine, requests):
     graph = engine.step(requests)
-    eager = engine.eager_step(requests, graph.padded_num_tokens)
+    eager = engine.eager_step(requests, graph.num_padded_tokens)
     check.same_bits(graph.logits, eager.logits, what="graph step vs eager at the same padded shape", source=EAGER,
-                    case=f"{describe_batch(requests)}; ran {graph.runtime_mode} at {graph.padded_num_tokens}")
+                    case=f"{describe_batch(requests)}; ran {graph.runtime_mode} at {graph.num_padded_tokens}")
     return graph
 
 
@@ -130,14 +130,14 @@ def test_generation_matches_eager_step_by_step(check, engines, mode):
 
     def graph_step(requests):
         out = graph_engine.step(requests)
-        return out.logits, out.padded_num_tokens, out.runtime_mode
+        return out.logits, out.num_padded_tokens, out.runtime_mode
 
     graph_trace = scenario(graph_engine, graph_step)
     pads = iter([padded for _, padded, _, _ in graph_trace])
 
     def eager_step(requests):
         out = eager_engine.eager_step(requests, next(pads))
-        return out.logits, out.padded_num_tokens, out.runtime_mode
+        return out.logits, out.num_padded_tokens, out.runtime_mode
 
     eager_trace = scenario(eager_engine, eager_step)
     for t, ((batch, padded, ran, logits), (_, _, _, expected)) in enumerate(zip(graph_trace, eager_trace)):
@@ -179,12 +179,12 @@ def test_steps_after_rejected_drafts_equal_eager(check, engines):
     graph = [out for _, out, _ in rejecting_drafts(graph_engine, None, first_id, q)]
     steps = iter(graph)
     eager = rejecting_drafts(twin, None, first_id, q,
-                             step=lambda requests: twin.eager_step(requests, next(steps).padded_num_tokens))
+                             step=lambda requests: twin.eager_step(requests, next(steps).num_padded_tokens))
     for t, ((requests, expected, _), got) in enumerate(zip(eager, graph)):
         rejected = {r.request_id: r.num_rejected_tokens for r in requests if r.num_rejected_tokens}
         check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
                         what=f"step {t} after verify steps (q = {q}) that rejected drafts {rejected or 'none'}",
-                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}")
+                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.num_padded_tokens}")
 
 
 def _rows_follow_their_requests(check, engines, mode, spec, q):
@@ -193,13 +193,13 @@ def _rows_follow_their_requests(check, engines, mode, spec, q):
     graph = [graph_engine.step(requests) for requests, _ in rows_changing_owner(graph_engine, q=q)]
     for t, (requests, _) in enumerate(rows_changing_owner(twin, q=q)):
         got = graph[t]
-        expected = twin.eager_step(requests, got.padded_num_tokens)
+        expected = twin.eager_step(requests, got.num_padded_tokens)
         if same_bits(got.logits, expected.logits):
             continue
         diagnosis = _which_side_moved(engines.for_mode(mode, spec=spec, fresh=True), graph, t, q, expected)
         check.same_bits(got.logits, expected.logits, source=TWIN_EAGER,
                         what=f"{steps} step {t} of one size whose rows change owner (rows {OWNER_ROWS[t]} of the pool)",
-                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.padded_num_tokens}",
+                        case=f"{describe_batch(requests)}; ran {got.runtime_mode} at {got.num_padded_tokens}",
                         **{"a fresh engine": diagnosis})
 
 
@@ -208,7 +208,7 @@ def _which_side_moved(fresh, graph, t, q, twin_step) -> str:
     else. Agreeing with the graph engine (fresh too) puts the difference on the shared twin's side
     (what it served before, or the process it ran in); agreeing with the twin puts it in the graph step."""
     for s, (requests, _) in enumerate(rows_changing_owner(fresh, q=q)):
-        opinion = fresh.eager_step(requests, graph[s].padded_num_tokens)
+        opinion = fresh.eager_step(requests, graph[s].num_padded_tokens)
         if s == t:
             break
     with_graph, with_twin = same_bits(opinion.logits, graph[t].logits), same_bits(opinion.logits, twin_step.logits)

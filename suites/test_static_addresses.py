@@ -75,8 +75,8 @@ def test_a_moved_input_fails_loudly_or_is_not_read(check, engines, batch):
             continue
         if out.runtime_mode != "NONE":
             replayed.append(name)
-        case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.padded_num_tokens}"
-        eager = engine.eager_step(requests, out.padded_num_tokens)
+        case = f"{describe_batch(requests)}; {out.runtime_mode} at {out.num_padded_tokens}"
+        eager = engine.eager_step(requests, out.num_padded_tokens)
         if first_mismatch(out.logits, eager.logits) is None:
             continue
         # Two candidate causes: the moved buffer, or a step that is wrong without any move (a graph
@@ -86,8 +86,8 @@ def test_a_moved_input_fails_loudly_or_is_not_read(check, engines, batch):
         for call, argument in served.calls:
             getattr(unmoved, call)(argument)
         plain = unmoved.step(requests)
-        check.same_bits(plain.logits, unmoved.eager_step(requests, plain.padded_num_tokens).logits, source=EAGER,
-                        case=f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.padded_num_tokens}",
+        check.same_bits(plain.logits, unmoved.eager_step(requests, plain.num_padded_tokens).logits, source=EAGER,
+                        case=f"{describe_batch(requests)}; {plain.runtime_mode} at {plain.num_padded_tokens}",
                         what=f"the step differs from eager without any move too (on an engine that served the "
                              f"same steps, whose buffers the harness never moved): the cause is not the move of "
                              f"{name!r}; the graph this step replays was recorded or keyed for another batch, or "
@@ -171,7 +171,7 @@ def test_held_outputs_live_across_steps_of_other_sizes(check, engines):
         kept = held.logits.clone()
         after = engine.step(decode_requests(seqs[:then]))
         check.same_bits(held.logits, kept, source="a copy taken before the next step",
-                        case=f"held: {held.runtime_mode} at {held.padded_num_tokens}; then "
-                             f"{after.runtime_mode} at {after.padded_num_tokens}",
+                        case=f"held: {held.runtime_mode} at {held.num_padded_tokens}; then "
+                             f"{after.runtime_mode} at {after.num_padded_tokens}",
                         what="a returned output changed after a step of another size, but the runtime declares that "
                              "outputs do not alias graph buffers (outputs_alias_graph_buffers=False)")

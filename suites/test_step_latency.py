@@ -120,8 +120,8 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
         pipelined_ms = in_a_stream_ms(lambda: engine.engine.step(requests), STREAM_STEPS)
         replay_ms = replays_in_a_stream(engine.engine, requests)
     counted = counting.count(step, "cuda")
-    kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.padded_num_tokens))
-    latency = Latency(mode=mode, batch=batch, padded=out.padded_num_tokens, runtime_mode=out.runtime_mode,
+    kernel_us = counting.kernel_time_us(lambda: engine.eager_step(requests, out.num_padded_tokens))
+    latency = Latency(mode=mode, batch=batch, padded=out.num_padded_tokens, runtime_mode=out.runtime_mode,
                       step_ms_median=stats.median * 1e3, step_ms_min=stats.min * 1e3, step_ms_iqr=stats.iqr * 1e3,
                       step_ms_cv=stats.stddev / stats.mean if stats.mean else None, replay_ms_median=replay_ms,
                       pipelined_ms=pipelined_ms,

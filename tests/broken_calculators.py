@@ -28,10 +28,10 @@ class DropsDecodeGraphsWithoutPieces(Calculator):
 class RefusesMoreRequestsThanMaxNumSeqs(Calculator):
     """Treats max_num_seqs as a precondition of dispatch instead of a batch that runs eager."""
 
-    def dispatch(self, config, num_tokens, num_reqs, uniform, allowed_modes):
-        if num_reqs is not None and num_reqs > config.get("max_num_seqs", 256):
-            raise ValueError(f"num_reqs must be <= max_num_seqs, got {num_reqs}")
-        return super().dispatch(config, num_tokens, num_reqs, uniform, allowed_modes)
+    def dispatch(self, config, num_real_tokens, num_real_rows, uniform, allowed_modes):
+        if num_real_rows is not None and num_real_rows > config.get("max_num_seqs", 256):
+            raise ValueError(f"num_real_rows must be <= max_num_seqs, got {num_real_rows}")
+        return super().dispatch(config, num_real_tokens, num_real_rows, uniform, allowed_modes)
 
 
 class RefusesMaxZero(Calculator):
@@ -102,12 +102,12 @@ class SizesForTheWidestSpeculationOnly(Calculator):
 class DecodeGraphsOfOneQ(Calculator):
     """Under a dynamic speculative schedule, decode graphs only for the largest q."""
 
-    def dispatch(self, config, num_tokens, num_reqs, uniform, allowed_modes):
+    def dispatch(self, config, num_real_tokens, num_real_rows, uniform, allowed_modes):
         static = {k: v for k, v in config.items() if k != "speculative_schedule"}
-        if "speculative_schedule" in config and uniform and num_reqs and num_tokens != num_reqs * (
+        if "speculative_schedule" in config and uniform and num_real_rows and num_real_tokens != num_real_rows * (
                 1 + config.get("num_speculative_tokens", 0)):
             uniform = False  # a batch of another q finds no graph of its own
-        return super().dispatch(static, num_tokens, num_reqs, uniform, allowed_modes)
+        return super().dispatch(static, num_real_tokens, num_real_rows, uniform, allowed_modes)
 
 
 class Decode025GraphsOfOneQ(Calculator025):

@@ -24,52 +24,52 @@ from reference_runtime.policy.modes import RUNTIME_MODE_RANK
 class _PadsToLocalSize(DataParallel):
     """Agrees on the mode, but pads to the size its own dispatch chose instead of the largest."""
 
-    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
-        ranks = [r._replace(num_tokens=mine.num_tokens, size=mine.size) for r in self.exchange(mine)]
-        return runs(dispatcher, ranks, self.rank, num_reqs)
+    def dispatch(self, dispatcher, num_real_tokens, num_real_rows, uniform, captured):
+        mine, num_real_rows = own_share(dispatcher, num_real_tokens, num_real_rows, uniform, captured)
+        ranks = [r._replace(num_real_tokens=mine.num_real_tokens, size=mine.size) for r in self.exchange(mine)]
+        return runs(dispatcher, ranks, self.rank, num_real_rows)
 
 
 class _KeepsOwnMode(DataParallel):
     """Pads to the agreed size but keeps its own mode there: the re-dispatch is not restricted to
     the agreed mode (vllm-ascend #6011), so a decode rank replays FULL beside a PIECEWISE rank."""
 
-    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
+    def dispatch(self, dispatcher, num_real_tokens, num_real_rows, uniform, captured):
+        mine, num_real_rows = own_share(dispatcher, num_real_tokens, num_real_rows, uniform, captured)
         ranks = self.exchange(mine)
         if lowest(ranks) is CUDAGraphMode.NONE:
-            return runs(dispatcher, ranks, self.rank, num_reqs)
+            return runs(dispatcher, ranks, self.rank, num_real_rows)
         size = graph_size(dispatcher, ranks)
         # Its own uniformity (V1's rule, under V2 too): that is how a decode rank reaches FULL.
-        return dispatcher.lookup(size, num_reqs, mine.uniform and size % dispatcher.config.query_len == 0)
+        return dispatcher.lookup(size, num_real_rows, mine.uniform and size % dispatcher.config.query_len == 0)
 
 
 class _MaxModeConsensus(DataParallel):
     """Agrees on the highest mode any rank dispatched instead of the lowest; a rank with no graph
     of that mode for its batch falls back below it, as vLLM's dispatcher does."""
 
-    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
+    def dispatch(self, dispatcher, num_real_tokens, num_real_rows, uniform, captured):
+        mine, num_real_rows = own_share(dispatcher, num_real_tokens, num_real_rows, uniform, captured)
         ranks = self.exchange(mine)
         agreed = max((r.mode for r in ranks), key=RUNTIME_MODE_RANK.__getitem__)
         if agreed is CUDAGraphMode.NONE:
-            return runs(dispatcher, ranks, self.rank, num_reqs)
+            return runs(dispatcher, ranks, self.rank, num_real_rows)
         size = graph_size(dispatcher, ranks)
         allowed = frozenset(m for m in RUNTIME_MODE_RANK if RUNTIME_MODE_RANK[m] <= RUNTIME_MODE_RANK[agreed])
-        return dispatcher.lookup(size, num_reqs, graph_uniform(dispatcher, mine, ranks, size), allowed_modes=allowed)
+        return dispatcher.lookup(size, num_real_rows, graph_uniform(dispatcher, mine, ranks, size), allowed_modes=allowed)
 
 
 class _PadsUnderEager(DataParallel):
     """Pads every rank to the largest size even when the ranks agreed on eager (vLLM before
     PR #34102 padded whenever graphs were enabled at all)."""
 
-    def dispatch(self, dispatcher, num_tokens, num_reqs, uniform, captured):
-        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
+    def dispatch(self, dispatcher, num_real_tokens, num_real_rows, uniform, captured):
+        mine, num_real_rows = own_share(dispatcher, num_real_tokens, num_real_rows, uniform, captured)
         ranks = self.exchange(mine)
         if lowest(ranks) is CUDAGraphMode.NONE:
-            return dispatcher.lookup(max(r.size for r in ranks), num_reqs, mine.uniform,
+            return dispatcher.lookup(max(r.size for r in ranks), num_real_rows, mine.uniform,
                                      allowed_modes=frozenset({CUDAGraphMode.NONE}))
-        return runs(dispatcher, ranks, self.rank, num_reqs)
+        return runs(dispatcher, ranks, self.rank, num_real_rows)
 
 
 class _IdleSkipsTheStep(ModelRunner):
@@ -88,7 +88,7 @@ class _IdleSkipsTheForward(ModelRunner):
         if not requests:
             mode, key = self.planner.decide(0, 0, False, captured=self.capture_report is not None)
             return StepResult(torch.empty(0, self.model.vocab, dtype=self.dtype, device=self.device), mode.name, 0,
-                              key.num_tokens)
+                              key.num_padded_tokens)
         return super().step(requests, padding_fill)
 
 
@@ -103,7 +103,7 @@ class _DummyWritesKV(ModelRunner):
             return super().step(requests, padding_fill)
         out = super().step([Request(DUMMY_REQUEST, (0,), 0)], padding_fill)
         self.release(DUMMY_REQUEST)
-        return StepResult(out.logits[:0], out.runtime_mode, 0, out.padded_num_tokens)
+        return StepResult(out.logits[:0], out.runtime_mode, 0, out.num_padded_tokens)
 
 
 class _StaleTablesOnRankOne(ModelRunner):
@@ -127,7 +127,7 @@ def mutant(name: str, *, consensus: type = DataParallel, runner: type = ModelRun
 
     namespace = {"name": name, "build": build, "__doc__": broken.__doc__}
     if not policy:
-        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, vllm_policy=False,
+        namespace["capabilities"] = replace(ReferenceRuntime.capabilities, dispatch=False, rules=None,
                                             data_parallel=False)
         namespace["__doc__"] += " It declares no dispatch policy."
     return type(class_name or broken.__name__.lstrip("_"), (ReferenceRuntime,), namespace)

@@ -125,11 +125,11 @@ def _new_input_tensors(config):
 class _PadsBelowDispatcher(Dispatcher):
     """Pads a batch to the capture size below it when it falls between two sizes."""
 
-    def dispatch(self, num_tokens, num_reqs=None, uniform=False, num_active_loras=0, **kw):
-        smaller = [s for s in self.sizes if s < num_tokens]
-        if num_tokens not in self.sizes and smaller and num_tokens <= self.sizes[-1]:
+    def dispatch(self, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0, **kw):
+        smaller = [s for s in self.sizes if s < num_real_tokens]
+        if num_real_tokens not in self.sizes and smaller and num_real_tokens <= self.sizes[-1]:
             return CUDAGraphMode.PIECEWISE, BatchDescriptor(smaller[-1])
-        return super().dispatch(num_tokens, num_reqs, uniform, num_active_loras, **kw)
+        return super().dispatch(num_real_tokens, num_real_rows, uniform, num_active_loras, **kw)
 
 
 class _LeakyDecoder(Decoder):
@@ -306,8 +306,8 @@ class _ReportsGraphRunsEager(ModelRunner):
 
     def step(self, requests, padding_fill=None):
         reported = super().step(requests, padding_fill)
-        eager = self.eager_step(requests, reported.num_tokens)
-        return StepResult(eager.logits, reported.runtime_mode, reported.num_tokens, reported.padded_num_tokens)
+        eager = self.eager_step(requests, reported.num_real_tokens)
+        return StepResult(eager.logits, reported.runtime_mode, reported.num_real_tokens, reported.num_padded_tokens)
 
 
 class _ReportsWrongMode(ModelRunner):
@@ -321,7 +321,7 @@ class _ReportsWrongMode(ModelRunner):
 
 
 class _UniformByCountPlanner(Wrapped):
-    """Decides `uniform` from the token count alone (num_tokens == q x num_reqs), so a verify batch
+    """Decides `uniform` from the token count alone (num_real_tokens == q x num_real_rows), so a verify batch
     of unequal request lengths runs the uniform-decode graph (vLLM #28207)."""
 
     def plan(self, requests, captured):
@@ -329,7 +329,7 @@ class _UniformByCountPlanner(Wrapped):
         uniform = bool(requests) and num_real_tokens == self.inner.q * len(requests)
         mode, key = self.inner.decide(num_real_tokens, len(requests), uniform, captured)
         # Laid out as the batch is: the graph's layout is not checked.
-        return self.inner.lay_out(requests, mode, None if mode is NONE else key, key.num_tokens)
+        return self.inner.lay_out(requests, mode, None if mode is NONE else key, key.num_padded_tokens)
 
     def plan_eager(self, requests, num_padded_tokens):
         return self.inner.lay_out(requests, NONE, None, num_padded_tokens)
@@ -428,7 +428,7 @@ class _CaptureWritesLiveKVPlanner(Wrapped):
     def dummy(self, mode, key):
         plan = self.inner.dummy(mode, key)
         block = self.inner.allocator.block_size
-        return replace(plan, slot_mapping=list(range(block, block + key.num_tokens)))
+        return replace(plan, slot_mapping=list(range(block, block + key.num_padded_tokens)))
 
 
 class _CaptureConsumesKVCapacityPlanner(Wrapped):
@@ -436,7 +436,7 @@ class _CaptureConsumesKVCapacityPlanner(Wrapped):
 
     def dummy(self, mode, key):
         allocator = self.inner.allocator
-        allocator.ensure(-1 - len(allocator.tables), key.num_tokens)
+        allocator.ensure(-1 - len(allocator.tables), key.num_padded_tokens)
         return self.inner.dummy(mode, key)
 
 
@@ -597,14 +597,14 @@ LazyChecksTheFirstReplayOnly = mutant(
     lazy_capture=True)
 StalePaddingIdsDeclaredRandom = mutant("stale-padding-ids-declared-random", "StalePaddingIdsDeclaredRandom",
                                        with_stager(StalePaddingIdsStager), StalePaddingIdsStager.__doc__,
-                                       random_padding_ids=True)
+                                       declarations={"random_padding_ids": True})
 RandomPaddingIdsUndeclared = mutant("random-padding-ids-undeclared", "RandomPaddingIdsUndeclared",
                                     with_stager(RandomPaddingIdsStager), RandomPaddingIdsStager.__doc__)
 # Not mutants: random ids, declared, as LMDeploy's; lazy capture, declared, as torch.compile's graph
 # trees: the suites must let them pass.
 RandomPaddingIdsDeclared = mutant("random-padding-ids-declared", "RandomPaddingIdsDeclared",
                                   with_stager(RandomPaddingIdsStager), "Random padded ids, declared.",
-                                  random_padding_ids=True)
+                                  declarations={"random_padding_ids": True})
 LazyCaptureDeclared = mutant("lazy-capture-declared", "LazyCaptureDeclared", with_strategy(_LazyCheckingEveryReplay),
                              _LazyCheckingEveryReplay.__doc__, lazy_capture=True)
 

@@ -30,26 +30,26 @@ def broken(name: str, engine_class: type) -> type:
 
 
 class _BucketOffByThree(Engine):
-    """Looks its graph up for num_tokens + 3: it runs, and says it ran, a bucket its own dispatch()
+    """Looks its graph up for num_real_tokens + 3: it runs, and says it ran, a bucket its own dispatch()
     did not choose (and eager where that bucket does not exist)."""
 
-    def bucket(self, num_tokens, num_reqs, uniform):
-        return super().bucket(num_tokens + 3, num_reqs, uniform)
+    def bucket(self, num_real_tokens, num_real_rows, uniform):
+        return super().bucket(num_real_tokens + 3, num_real_rows, uniform)
 
 
 class _ReportsDispatchedSize(Engine):
     """Replays its largest graph for every batch ("one graph fits all"), but reports the bucket
     its dispatch chose: a step reporting a size it did not run."""
 
-    def bucket(self, num_tokens, num_reqs, uniform):
-        chosen = super().bucket(num_tokens, num_reqs, uniform)
+    def bucket(self, num_real_tokens, num_real_rows, uniform):
+        chosen = super().bucket(num_real_tokens, num_real_rows, uniform)
         return self.sizes[-1] if chosen is not None else None
 
     def step(self, requests, padding_fill=None):
         result = super().step(requests, padding_fill)
         if result.runtime_mode == "FULL":
             uniform = all(len(r.token_ids) == self.q for r in requests)
-            result.padded_num_tokens = super().bucket(result.num_tokens, len(requests), uniform)
+            result.num_padded_tokens = super().bucket(result.num_real_tokens, len(requests), uniform)
         return result
 
 
@@ -117,7 +117,7 @@ class _OutputIsAGraphBuffer(Engine):
     def step(self, requests, padding_fill=None):
         result = super().step(requests, padding_fill)
         if result.runtime_mode == "FULL":
-            result.logits = self.graphs[result.padded_num_tokens][1][: result.num_tokens]
+            result.logits = self.graphs[result.num_padded_tokens][1][: result.num_real_tokens]
         return result
 
 
@@ -175,11 +175,11 @@ class _PowerOfTwoLookup(Engine):
     largest whole batch was added to them: right wherever max_num_seqs is a power of two; at a
     maximum off the powers (17) there is no such graph, and the full batch runs eager."""
 
-    def bucket(self, num_tokens, num_reqs, uniform):
-        chosen = super().bucket(num_tokens, num_reqs, uniform)
+    def bucket(self, num_real_tokens, num_real_rows, uniform):
+        chosen = super().bucket(num_real_tokens, num_real_rows, uniform)
         if chosen is None:
             return None
-        return self.q * (1 << (-(-num_tokens // self.q) - 1).bit_length())
+        return self.q * (1 << (-(-num_real_tokens // self.q) - 1).bit_length())
 
 
 class _ByExponent(dict):
@@ -237,8 +237,8 @@ class _SmallestFirstUncopiedTop(Engine):
 
     def step(self, requests, padding_fill=None):
         result = super().step(requests, padding_fill)
-        if result.runtime_mode == "FULL" and result.num_tokens == result.padded_num_tokens == max(self.sizes):
-            result.logits = self.graphs[result.padded_num_tokens][1]
+        if result.runtime_mode == "FULL" and result.num_real_tokens == result.num_padded_tokens == max(self.sizes):
+            result.logits = self.graphs[result.num_padded_tokens][1]
         return result
 
 
@@ -309,11 +309,11 @@ class DenseTopBuckets(BucketRuntime):
     def capture_sizes(self, config):
         return super().capture_sizes(self.dense(config))
 
-    def padded_size(self, config, num_tokens):
-        return super().padded_size(self.dense(config), num_tokens)
+    def padded_size(self, config, num_real_tokens):
+        return super().padded_size(self.dense(config), num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False):
-        return super().dispatch(self.dense(config), num_tokens, num_reqs, uniform)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False):
+        return super().dispatch(self.dense(config), num_real_tokens, num_real_rows, uniform)
 
     def build(self, config):
         return super().build(replace(config, policy=self.dense(config.policy)))

@@ -16,7 +16,7 @@ from reference_runtime.adapter import ReferenceRuntime
 class OwnPolicy(ReferenceRuntime):
     """The reference declaring a policy of its own (not vLLM's): only the generic suites apply."""
 
-    capabilities = replace(ReferenceRuntime.capabilities, vllm_policy=False)
+    capabilities = replace(ReferenceRuntime.capabilities, rules=None)
 
 
 class PiecewiseOnly(OwnPolicy):
@@ -37,11 +37,11 @@ class PiecewiseOnly(OwnPolicy):
     def capture_sizes(self, config):
         return super().capture_sizes(self._runs(config))
 
-    def padded_size(self, config, num_tokens):
-        return super().padded_size(self._runs(config), num_tokens)
+    def padded_size(self, config, num_real_tokens):
+        return super().padded_size(self._runs(config), num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        return super().dispatch(self._runs(config), num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        return super().dispatch(self._runs(config), num_real_tokens, num_real_rows, uniform, num_active_loras)
 
     def dp_dispatch(self, config, ranks):
         return super().dp_dispatch(self._runs(config), ranks)
@@ -75,8 +75,8 @@ class IgnoresAdapters(OwnPolicy):
 
     name = "ignores-adapters"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        return super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras=0)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        return super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras=0)
 
 
 def _on_grid(size: int) -> bool:
@@ -88,9 +88,9 @@ class PaddingOffByOne(ReferenceRuntime):
 
     name = "padding-off-by-one"
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         sizes = list(self.capture_sizes(config))
-        index = bisect.bisect_right(sizes, num_tokens)
+        index = bisect.bisect_right(sizes, num_real_tokens)
         return sizes[index] if index < len(sizes) else None
 
 
@@ -99,11 +99,11 @@ class PaddingRoundsDown(ReferenceRuntime):
 
     name = "padding-rounds-down"
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         sizes = list(self.capture_sizes(config))
-        if num_tokens > sizes[-1]:
+        if num_real_tokens > sizes[-1]:
             return None
-        return sizes[max(0, bisect.bisect_right(sizes, num_tokens) - 1)]
+        return sizes[max(0, bisect.bisect_right(sizes, num_real_tokens) - 1)]
 
 
 class ClampsAboveMax(ReferenceRuntime):
@@ -111,8 +111,8 @@ class ClampsAboveMax(ReferenceRuntime):
 
     name = "clamps-above-max"
 
-    def padded_size(self, config, num_tokens):
-        return super().padded_size(config, num_tokens) or list(self.capture_sizes(config))[-1]
+    def padded_size(self, config, num_real_tokens):
+        return super().padded_size(config, num_real_tokens) or list(self.capture_sizes(config))[-1]
 
 
 class MissingOffGridAppend(ReferenceRuntime):
@@ -174,11 +174,11 @@ class PiecewiseBeforeFull(ReferenceRuntime):
 
     name = "piecewise-before-full"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
         if result.runtime_mode == "FULL" and config.mode == "FULL_AND_PIECEWISE":
             key = result.descriptor
-            return p.Dispatch("PIECEWISE", replace(key, num_reqs=None, uniform=False))
+            return p.Dispatch("PIECEWISE", replace(key, num_padded_rows=None, uniform=False))
         return result
 
 
@@ -187,10 +187,10 @@ class LoraCountNotRounded(ReferenceRuntime):
 
     name = "lora-count-not-rounded"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
         if num_active_loras and result.descriptor.num_active_loras != num_active_loras:
-            return p.Dispatch("NONE", p.Descriptor(num_tokens, num_reqs, uniform, True, num_active_loras))
+            return p.Dispatch("NONE", p.Descriptor(num_real_tokens, num_real_rows, uniform, True, num_active_loras))
         return result
 
 
@@ -201,7 +201,7 @@ class DataParallelMovesUp(ReferenceRuntime):
 
     def dp_dispatch(self, config, ranks):
         agreed = super().dp_dispatch(config, ranks)
-        size = max(d.descriptor.num_tokens for d in agreed)
+        size = max(d.descriptor.num_padded_tokens for d in agreed)
         return [self.dispatch(config, size, None, r.uniform) for r in ranks]
 
 
@@ -215,15 +215,15 @@ class RejectsEveryConfig(OwnPolicy):
 
 
 class KeyIsTokensPlusThree(OwnPolicy):
-    """Keys its graphs by num_tokens + 3 instead of the padded size (its engine pads correctly)."""
+    """Keys its graphs by num_real_tokens + 3 instead of the padded size (its engine pads correctly)."""
 
     name = "key-is-tokens-plus-three"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
         if result.runtime_mode == "NONE":
             return result
-        return replace(result, descriptor=replace(result.descriptor, num_tokens=num_tokens + 3))
+        return replace(result, descriptor=replace(result.descriptor, num_padded_tokens=num_real_tokens + 3))
 
 
 class MixedBatchRunsDecodeGraph(OwnPolicy):
@@ -231,10 +231,10 @@ class MixedBatchRunsDecodeGraph(OwnPolicy):
 
     name = "mixed-batch-runs-decode-graph"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        result = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
-        if config.mode == "FULL_DECODE_ONLY" and not uniform and num_tokens <= max(self.capture_sizes(config)):
-            return p.Dispatch("FULL", p.Descriptor(self.padded_size(config, num_tokens), num_reqs, False))
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        result = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
+        if config.mode == "FULL_DECODE_ONLY" and not uniform and num_real_tokens <= max(self.capture_sizes(config)):
+            return p.Dispatch("FULL", p.Descriptor(self.padded_size(config, num_real_tokens), num_real_rows, False))
         return result
 
 
@@ -243,9 +243,9 @@ class PaddingNotMonotone(OwnPolicy):
 
     name = "padding-not-monotone"
 
-    def padded_size(self, config, num_tokens):
-        padded = super().padded_size(config, num_tokens)
-        return max(self.capture_sizes(config)) if padded is not None and num_tokens % 2 == 0 else padded
+    def padded_size(self, config, num_real_tokens):
+        padded = super().padded_size(config, num_real_tokens)
+        return max(self.capture_sizes(config)) if padded is not None and num_real_tokens % 2 == 0 else padded
 
 
 class V2RoundsSizes(ReferenceRuntime):
@@ -254,7 +254,7 @@ class V2RoundsSizes(ReferenceRuntime):
     name = "v2-rounds-sizes"
 
     def capture_sizes(self, config):
-        return super().capture_sizes(replace(config, runner="v1"))
+        return super().capture_sizes(replace(config, rules="vllm-0.33/v1"))
 
 
 class V2ExactKeyDispatch(ReferenceRuntime):
@@ -262,8 +262,8 @@ class V2ExactKeyDispatch(ReferenceRuntime):
 
     name = "v2-exact-key-dispatch"
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        return super().dispatch(replace(config, runner="v1"), num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        return super().dispatch(replace(config, rules="vllm-0.33/v1"), num_real_tokens, num_real_rows, uniform, num_active_loras)
 
 
 class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
@@ -272,15 +272,15 @@ class V2DataParallelSharesPaddedSizes(ReferenceRuntime):
     name = "v2-data-parallel-shares-padded-sizes"
 
     def dp_dispatch(self, config, ranks):
-        return super().dp_dispatch(replace(config, runner="v1"), ranks)
+        return super().dp_dispatch(replace(config, rules="vllm-0.33/v1"), ranks)
 
 
 class DeclaresVllm025AnswersVllm033(ReferenceRuntime):
-    """Declares vLLM 0.25's policy (Capabilities.vllm_version) and answers with 0.33's rules: the
+    """Declares vLLM 0.25's policy (Capabilities.rules) and answers with 0.33's rules: the
     off-grid max_num_seqs appended, V2's dispatch searching FULL keys before PIECEWISE ones."""
 
     name = "declares-vllm-0.25-answers-0.33"
-    capabilities = replace(ReferenceRuntime.capabilities, vllm_version="0.25", data_parallel=False)
+    capabilities = replace(ReferenceRuntime.capabilities, rules="vllm-0.25", data_parallel=False)
 
 
 class V2DecodeKeysPastTheMax(ReferenceRuntime):
@@ -289,14 +289,14 @@ class V2DecodeKeysPastTheMax(ReferenceRuntime):
     or the platform caps the grid below q x max_num_seqs, a decode batch near the top of the grid
     pads past its largest graph (q > 1, V2 only, FULL decode graphs)."""
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        got = super().dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        got = super().dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
         q, sizes = config.query_len, self.capture_sizes(config)
-        if (config.runner != "v2" or q == 1 or not uniform or got.runtime_mode == "FULL" or num_active_loras
-                or config.mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") or not sizes or num_tokens > sizes[-1]):
+        if (config.vllm_runner != "v2" or q == 1 or not uniform or got.runtime_mode == "FULL" or num_active_loras
+                or config.mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") or not sizes or num_real_tokens > sizes[-1]):
             return got
         past = sorted(w for w in (-(-s // q) * q for s in sizes) if sizes[-1] < w <= q * config.max_num_seqs)
-        key = next((w for w in past if w >= num_tokens), None)
+        key = next((w for w in past if w >= num_real_tokens), None)
         return got if key is None else p.Dispatch("FULL", p.Descriptor(key, key // q, True))
 
 

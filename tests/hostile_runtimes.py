@@ -33,17 +33,17 @@ class Runtime:
     def capture_sizes(self, config):
         return [1, 2, 4, 8]
 
-    def padded_size(self, config, num_tokens):
-        return next((s for s in self.capture_sizes(config) if s >= num_tokens), None)
+    def padded_size(self, config, num_real_tokens):
+        return next((s for s in self.capture_sizes(config) if s >= num_real_tokens), None)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        return p.Dispatch("NONE", p.Descriptor(num_tokens))
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        return p.Dispatch("NONE", p.Descriptor(num_real_tokens))
 
     def resolve_mode(self, request):
         return p.Resolution(request.mode, request.mode)
 
     def dp_dispatch(self, config, ranks):
-        return [self.dispatch(config, r.num_tokens) for r in ranks]
+        return [self.dispatch(config, r.num_real_tokens) for r in ranks]
 
     def build(self, config):
         return Engine(self, config)
@@ -68,7 +68,7 @@ class Engine:
         n = sum(len(r.token_ids) for r in requests)
         return p.StepResult(torch.zeros(n, self.vocab, device=self.config.device), "NONE", n, n)
 
-    def eager_step(self, requests, padded_num_tokens):
+    def eager_step(self, requests, num_padded_tokens):
         return self.step(requests)
 
     def release(self, request_id):
@@ -115,10 +115,10 @@ class RaisesTheUnprintable(Runtime):
         RaisesFromDel()  # garbage whose __del__ raises, for the collector after this test
         raise UnprintableError()
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         raise RuntimeError("engine state:\n" + "x" * 10_000_000)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
         raise SystemExit(3)
 
     def resolve_mode(self, request):
@@ -168,10 +168,10 @@ class GivesWrongAnswers(Runtime):
     def capture_sizes(self, config):
         return self._answer("capture_sizes")
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         return self._answer("padded_size")
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
         return self._answer("dispatch")
 
     def resolve_mode(self, request):
@@ -218,7 +218,7 @@ class HangsInNativeCode(Runtime):
     def capture_sizes(self, config):
         _deadlock(ctypes.CDLL(None))  # releases the GIL, as blocking C calls and torch.cuda.synchronize() do
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         _deadlock(ctypes.PyDLL(None))  # holds the GIL: no Python thread runs again
 
 
@@ -347,7 +347,7 @@ class FloodsOutput(Runtime):
         _flood()
         raise RuntimeError("failed after flooding the output")
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         _flood()
         return 8
 
@@ -484,7 +484,7 @@ class WrongKindEngine(Engine):
             result.logits[-1, 3] = float("nan")
         return result
 
-    def eager_step(self, requests, padded_num_tokens):
+    def eager_step(self, requests, num_padded_tokens):
         return super().step(requests)
 
     def kv_snapshot(self):

@@ -81,22 +81,22 @@ class SGLangLikeRuntime:
     def capture_sizes(self, config: PolicyConfig) -> list[int]:
         return [bs * config.query_len for bs in self.batch_sizes(config)]
 
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None:
-        return padded(self.capture_sizes(config), num_tokens)
+    def padded_size(self, config: PolicyConfig, num_real_tokens: int) -> int | None:
+        return padded(self.capture_sizes(config), num_real_tokens)
 
-    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
+    def dispatch(self, config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None,
                  uniform: bool = False, num_active_loras: int = 0) -> Dispatch:
         if num_active_loras:
             raise ValueError("this engine has no LoRA support")
         q = config.query_len
-        if uniform and ROUTINES[config.mode][0] == "FULL" and num_tokens % q == 0:
+        if uniform and ROUTINES[config.mode][0] == "FULL" and num_real_tokens % q == 0:
             bs_sizes = self.batch_sizes(config)
-            reqs = num_tokens // q
+            reqs = num_real_tokens // q
             index = bisect.bisect_left(bs_sizes, reqs)
             if index < len(bs_sizes):
                 bs = bs_sizes[index]
                 return Dispatch("FULL", Descriptor(bs * q, bs, True))
-        return Dispatch("NONE", Descriptor(num_tokens, num_reqs, uniform))
+        return Dispatch("NONE", Descriptor(num_real_tokens, num_real_rows, uniform))
 
     def resolve_mode(self, request: ResolveRequest) -> Resolution:
         mode, support, q = request.mode, request.support, 1 + request.num_speculative_tokens
@@ -405,12 +405,12 @@ class SGLangLikeEngine:
         chosen = self.runtime.dispatch(self.policy, n, len(requests), uniform)
         entry = None
         if chosen.runtime_mode == "FULL" and self.captured:
-            entry = self.graphs.get(chosen.descriptor.num_reqs)
+            entry = self.graphs.get(chosen.descriptor.num_padded_rows)
         if entry is None:  # eager, unpadded
             self._load(requests, n, padding_fill)
             return StepResult(self.forward(n).clone(), "NONE", n, n)
         graph, output, addresses = entry
-        size = chosen.descriptor.num_tokens
+        size = chosen.descriptor.num_padded_tokens
         self._load(requests, size, padding_fill)
         for name, address in addresses.items():
             if self.bufs[name].data_ptr() != address:
@@ -420,14 +420,14 @@ class SGLangLikeEngine:
         return StepResult(output[:n].clone(), "FULL", n, size)
 
     @torch.inference_mode()
-    def eager_step(self, requests, padded_num_tokens: int) -> StepResult:
+    def eager_step(self, requests, num_padded_tokens: int) -> StepResult:
         requests = list(requests)
         self._validate(requests)
         n = sum(len(r.token_ids) for r in requests)
-        if padded_num_tokens < n:
-            raise ValueError(f"padded_num_tokens {padded_num_tokens} is below the batch's {n} tokens")
-        self._load(requests, padded_num_tokens)
-        return StepResult(self.forward(padded_num_tokens)[:n].clone(), "NONE", n, padded_num_tokens)
+        if num_padded_tokens < n:
+            raise ValueError(f"num_padded_tokens {num_padded_tokens} is below the batch's {n} tokens")
+        self._load(requests, num_padded_tokens)
+        return StepResult(self.forward(num_padded_tokens)[:n].clone(), "NONE", n, num_padded_tokens)
 
     def release(self, request_id: int) -> None:
         self.free_blocks.extend(self.blocks.pop(request_id, []))

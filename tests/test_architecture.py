@@ -383,3 +383,77 @@ def test_the_seam_check_sees_an_override_outside_the_seams():
         "probe.py:3 P overrides Planner.lay_out, not a seam",
         "probe.py:7 S overrides CapturedGraphs._replay_pieces, not a seam",
     ]
+
+
+# -- one name per size (docs/architecture.md, "Sizes") ---------------------------------------------
+OLD_SIZE_NAMES = {"num_tokens", "num_reqs", "padded_num_tokens"}  # 0.3.0's, each real here and padded there
+# Where the rule holds: the protocol, the reference engine and policy, the plugins' packages, the examples.
+SIZE_RULED = ("reference_runtime", "plugins", "examples")
+# A line that hands an engine's own API its own names (vLLM's BatchDescriptor says num_tokens) says so.
+FOREIGN = "own name"
+
+
+def size_ruled_files() -> list[Path]:
+    return [ROOT / "harness" / "protocol.py"] + [p for p in python_files(*SIZE_RULED) if "tests" not in p.parts]
+
+
+def size_name_problems(where: str, source: str, *, foreign_attributes: bool) -> list[str]:
+    """Old size names where this code names a size: a parameter, a variable, a field, a keyword; an
+    attribute read too where no foreign engine's objects are read (`foreign_attributes` False). A bare
+    `n` that holds a token count (a parameter of a function over tokens, or a value made of tokens)."""
+    lines = source.splitlines()
+    found = []
+
+    def flag(node, name, what):
+        line = lines[node.lineno - 1]
+        if FOREIGN not in line and not line.lstrip().startswith("@renamed("):  # the aliases themselves
+            found.append(f"{where}:{node.lineno} {what} {name}")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = ast.get_source_segment(source, node) or ""
+            for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                if arg.arg in OLD_SIZE_NAMES:
+                    flag(arg, arg.arg, "parameter")
+                elif arg.arg == "n" and "token" in body:
+                    flag(arg, "n", "parameter holding a token count:")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in OLD_SIZE_NAMES:
+            flag(node, node.id, "variable")
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in OLD_SIZE_NAMES:
+            flag(node, node.target.id, "field")
+        elif isinstance(node, ast.keyword) and node.arg in OLD_SIZE_NAMES:
+            flag(node.value, node.arg, "keyword")
+        elif isinstance(node, ast.Attribute) and node.attr in OLD_SIZE_NAMES and not foreign_attributes:
+            flag(node, node.attr, "attribute")
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "n" for t in node.targets) \
+                and "token" in (ast.get_source_segment(source, node.value) or ""):
+            flag(node, "n", "variable holding a token count:")
+    return sorted(set(found), key=lambda line: (line.split(":")[0], int(line.split(":")[1].split()[0]), line))
+
+
+def test_one_name_per_size_in_the_protocol_the_engine_and_the_plugins():
+    found = []
+    for path in size_ruled_files():
+        where = str(path.relative_to(ROOT))
+        # Plugins read their engine's objects (vLLM's BatchDescriptor.num_tokens); a protocol object read
+        # under an old name there warns, and the suites' sessions make that warning an error.
+        found += size_name_problems(where, path.read_text(), foreign_attributes=where.startswith("plugins/"))
+    assert not found, "\n".join(found)
+
+
+def test_the_size_rule_catches_old_names_and_a_bare_n():
+    source = ("def dispatch(config, num_tokens, num_reqs=None):\n"
+              "    return Descriptor(num_tokens=num_tokens)\n"
+              "def step(self, requests):\n"
+              "    n = sum(len(r.token_ids) for r in requests)\n"
+              "    return result.padded_num_tokens\n"
+              "def forward(self, n):\n"
+              "    return self.token_ids[:n]\n"
+              "def vllm(desc):\n"
+              "    return replace(desc, num_tokens=8)  # vLLM's own name\n"
+              "def rows(n):\n"
+              "    return [0] * n\n")
+    assert size_name_problems("probe.py", source, foreign_attributes=False) == [
+        "probe.py:1 parameter num_reqs", "probe.py:1 parameter num_tokens", "probe.py:2 keyword num_tokens",
+        "probe.py:4 variable holding a token count: n", "probe.py:5 attribute padded_num_tokens",
+        "probe.py:6 parameter holding a token count: n"]

@@ -53,7 +53,7 @@ def test_a_runtime_with_its_own_policy_is_held_only_to_the_generic_checks(pytest
     report = run_suites(pytester, "tests.broken_runtimes:OwnPolicy", POLICY_SUITES)
     assert caught_by(report) == set()
     skipped = [t for t in report["tests"] if t["outcome"] == "skipped"]
-    assert skipped and all("vllm_policy" in t["reason"] for t in skipped)
+    assert skipped and all("vllm_rules" in t["reason"] for t in skipped)
 
 
 def test_a_piecewise_only_policy_is_asked_about_the_modes_it_runs(pytester):

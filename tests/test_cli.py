@@ -185,8 +185,8 @@ def test_pad_range_human_one_line_per_row(capsys):
 
 
 # -- SPEC 4: dispatch -----------------------------------------------------------------------------
-def desc(num_tokens, num_reqs, uniform=False, has_lora=False, num_active_loras=0):
-    return {"num_tokens": num_tokens, "num_reqs": num_reqs, "uniform": uniform,
+def desc(num_padded_tokens, num_padded_rows, uniform=False, has_lora=False, num_active_loras=0):
+    return {"num_padded_tokens": num_padded_tokens, "num_padded_rows": num_padded_rows, "uniform": uniform,
             "has_lora": has_lora, "num_active_loras": num_active_loras}
 
 
@@ -248,13 +248,13 @@ def test_dispatch_lora_rounds_active_count_up(capsys, extra, active):
 def test_dispatch_range_mixed(capsys):
     rows = ok_json(capsys, "dispatch", "--num-tokens", "511-513")
     assert [r["runtime_mode"] for r in rows] == ["PIECEWISE", "PIECEWISE", "NONE"]
-    assert [r["descriptor"]["num_tokens"] for r in rows] == [512, 512, 513]
+    assert [r["descriptor"]["num_padded_tokens"] for r in rows] == [512, 512, 513]
 
 
 def test_dispatch_range_uniform_only_multiples_of_q(capsys):
     rows = ok_json(capsys, "dispatch", "--num-speculative-tokens", "1", "--num-tokens", "1-8", "--uniform")
     assert [r["runtime_mode"] for r in rows] == ["FULL"] * 4
-    assert [(r["descriptor"]["num_tokens"], r["descriptor"]["num_reqs"]) for r in rows] == [
+    assert [(r["descriptor"]["num_padded_tokens"], r["descriptor"]["num_padded_rows"]) for r in rows] == [
         (2, 1), (4, 2), (8, 4), (8, 4)]
     assert all(r["descriptor"]["uniform"] for r in rows)
 
@@ -271,8 +271,8 @@ def test_dispatch_help_documents_num_reqs_default(capsys):
         cli.main(["dispatch", "--help"])
     assert exc.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "num_tokens / q with --uniform" in help_text
-    assert "min(num_tokens, max_num_seqs)" in help_text
+    assert "num_real_tokens / q with --uniform" in help_text
+    assert "min(num_real_tokens, max_num_seqs)" in help_text
 
 
 # -- SPEC 5: resolution ---------------------------------------------------------------------------
@@ -373,9 +373,9 @@ BAD = [
     (["dispatch", "--num-tokens", "0"], ">= 1"),
     (["dispatch", "--num-tokens", "8-4"], "A <= B"),
     (["dispatch", "--num-tokens", "5", "--num-reqs", "0"], ">= 1"),
-    (["dispatch", "--num-tokens", "5", "--num-reqs", "10"], "num_reqs"),
+    (["dispatch", "--num-tokens", "5", "--num-reqs", "10"], "num_real_rows"),
     (["dispatch", "--num-tokens", "5", "--uniform", "--num-speculative-tokens", "1"], "multiple of q = 2"),
-    (["dispatch", "--num-tokens", "6", "--uniform", "--num-reqs", "2"], "q * num_reqs"),
+    (["dispatch", "--num-tokens", "6", "--uniform", "--num-reqs", "2"], "q * num_real_rows"),
     (["dispatch", "--num-tokens", "5-6", "--uniform", "--num-speculative-tokens", "3"], "no multiple"),
     (["dispatch", "--num-tokens", "1-4", "--num-reqs", "1"], "single --num-tokens"),
     (["dispatch", "--num-tokens", "5", "--num-active-loras", "1"], "--max-loras"),
@@ -492,7 +492,7 @@ def test_a_dynamic_speculative_schedule_gives_each_q_its_sizes(capsys):
     assert 34 in dynamic and 34 not in static  # 17 requests of q = 2 (the tail after batch 5)
     data = ok_json(capsys, "dispatch", "--num-tokens", "6", "--num-reqs", "3", "--uniform", "--max-num-seqs", "8",
                    "--num-speculative-tokens", "3", "--speculative-schedule", "1-2:3,3-8:1")
-    assert data == {"runtime_mode": "FULL", "descriptor": {"num_tokens": 8, "num_reqs": 4, "uniform": True,
+    assert data == {"runtime_mode": "FULL", "descriptor": {"num_padded_tokens": 8, "num_padded_rows": 4, "uniform": True,
                                                            "has_lora": False, "num_active_loras": 0}}
 
 

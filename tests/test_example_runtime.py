@@ -24,5 +24,5 @@ def test_minimal_runtime_passes_what_it_declares(pytester):
         "context_end")}
     reasons = {t.get("reason", "") for t in report["tests"] if t["outcome"] == "skipped"}
     assert all("runtime 'minimal'" in reason or "benchmarks need CUDA" in reason for reason in reasons), reasons
-    for capability in ("vllm_policy", "loads_checkpoint", "kv_inspection", "attention_backends"):
+    for capability in ("vllm_rules", "loads_checkpoint", "kv_inspection", "attention_backends"):
         assert any(capability in reason for reason in reasons), capability

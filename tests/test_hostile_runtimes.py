@@ -250,7 +250,7 @@ MEMORY_LIMIT = """
     class ExhaustsThenHangs(ExhaustsMemory):
         name = "exhausts-then-hangs"
 
-        def padded_size(self, config, num_tokens):
+        def padded_size(self, config, num_real_tokens):
             HangsInNativeCode.capture_sizes(self, config)
 
     def pytest_cudagraph_runtimes():

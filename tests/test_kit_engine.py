@@ -173,7 +173,7 @@ class StandIn(ScheduledEngine):
 def test_a_step_is_planned_run_checked_and_committed():
     engine = StandIn()
     out = engine.step([Request(1, (3, 4, 5), 0)])
-    assert (out.runtime_mode, out.num_tokens, out.padded_num_tokens) == ("FULL", 3, 4)
+    assert (out.runtime_mode, out.num_real_tokens, out.num_padded_tokens) == ("FULL", 3, 4)
     assert engine.requests.live[1].tokens == [3, 4, 5] and engine.steps == 1 and engine.last is engine.observer.record
 
 

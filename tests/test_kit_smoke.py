@@ -16,7 +16,7 @@ class Recorder:
 
     def step(self, requests):
         self.steps.append(list(requests))
-        return SimpleNamespace(num_tokens=sum(len(r.token_ids) for r in requests))
+        return SimpleNamespace(num_real_tokens=sum(len(r.token_ids) for r in requests))
 
     def release(self, request_id):
         self.released.append(request_id)

@@ -234,11 +234,11 @@ def test_an_engine_repository_runs_its_own_runtime_with_its_own_known_failures(v
         "from bucket_engine.runtime import BucketRuntime\n\n\n"
         "class MyEngine(BucketRuntime):\n"
         "    name = 'my-engine'\n\n"
-        "    def padded_size(self, config, num_tokens):  # clamps a batch above the user's largest size\n"
+        "    def padded_size(self, config, num_real_tokens):  # clamps a batch above the user's largest size\n"
         "        sizes = self.capture_sizes(config)\n"
-        "        if config.capture_sizes == (3, 7, 30) and sizes and num_tokens > sizes[-1]:\n"
+        "        if config.capture_sizes == (3, 7, 30) and sizes and num_real_tokens > sizes[-1]:\n"
         "            return sizes[-1]\n"
-        "        return super().padded_size(config, num_tokens)\n")
+        "        return super().padded_size(config, num_real_tokens)\n")
     (work / "ci").mkdir()
     (work / "ci" / "known_failures.toml").write_text(
         'harness_versions = "<0.0.1"\n\n[[failure]]\n'

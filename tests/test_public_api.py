@@ -3,6 +3,7 @@ exactly what the page lists, no other harness module declares an `__all__` unlis
 0.1.0 path that moved still imports with a DeprecationWarning naming the new path."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import sys
@@ -101,3 +102,57 @@ def test_the_block_books_old_module_still_gives_its_names_with_a_deprecation():
     with pytest.warns(DeprecationWarning, match="harness.kit.block_book"):
         old = importlib.import_module("harness.block_book")
     assert old.BlockBook is kit_book.BlockBook and old.Live is kit_book.Live
+
+
+@pytest.mark.parametrize("old", sorted(moved.RENAMED))
+def test_a_renamed_protocol_name_still_reads_and_constructs_with_a_deprecation_naming_the_new(old):
+    """0.3.0's size names (one name per size since): each still reads the new field and is taken as a
+    constructor keyword, warning with the new name; docs/api.md and the changes list it."""
+    from harness import protocol
+
+    owner, old_name = old.split(".")
+    new_name = moved.RENAMED[old].split(".")[1]
+    cls = getattr(protocol, owner)
+    required = {f.name: 7 for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and f.name != new_name}
+    with pytest.warns(DeprecationWarning, match=f"use {owner}.{new_name}") as caught:
+        value = cls(**required, **{old_name: 5})
+    assert caught[0].filename == __file__  # blamed on the caller
+    assert getattr(value, new_name) == 5
+    with pytest.warns(DeprecationWarning, match=f"use {owner}.{new_name}"):
+        assert getattr(value, old_name) == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert getattr(value, new_name) == 5  # the new name is silent
+    assert f"`{old}`" in PAGE or f"`{owner}.{old_name}`" in PAGE
+
+
+@pytest.mark.parametrize("old,value,new,expected", [
+    ("vllm_policy", True, "rules", "vllm-0.33"),
+    ("vllm_version", "0.25", "rules", None),  # a release alone declares no rules (vllm_policy did)
+    ("random_padding_ids", True, "declarations", {"random_padding_ids": True}),
+])
+def test_0_3_0_capabilities_still_construct_and_read_with_a_deprecation_naming_the_replacement(old, value, new, expected):
+    from harness.protocol import Capabilities
+
+    with pytest.warns(DeprecationWarning, match=f"Capabilities.{old} is deprecated: use Capabilities.{new}"):
+        caps = Capabilities(**{old: value})
+    assert getattr(caps, new) == expected
+    with pytest.warns(DeprecationWarning, match=f"Capabilities.{old} is deprecated"):
+        getattr(caps, old)
+    assert f"`Capabilities.{old}`" in PAGE and f"Capabilities.{old}" in moved.REPLACED
+
+
+def test_0_3_0_policy_config_runner_and_release_become_one_rules_name():
+    from harness.protocol import Capabilities, PolicyConfig
+
+    with pytest.warns(DeprecationWarning, match="is deprecated: use PolicyConfig.rules") as caught:
+        config = PolicyConfig(runner="v1", vllm_version="0.25")
+    assert sorted(str(w.message).split(" is ")[0] for w in caught) == ["PolicyConfig.runner", "PolicyConfig.vllm_version"]
+    assert config.rules == "vllm-0.25/v1" and (config.vllm_release, config.vllm_runner) == ("0.25", "v1")
+    with pytest.warns(DeprecationWarning, match="use PolicyConfig.vllm_runner"):
+        assert config.runner == "v1"
+    with pytest.warns(DeprecationWarning, match="use has\\('vllm_rules'\\)"):
+        assert Capabilities(rules="vllm-0.33").has("vllm_policy")
+    for old in ("PolicyConfig.runner", "PolicyConfig.vllm_version"):
+        assert f"`{old}`" in PAGE and old in moved.REPLACED

@@ -105,8 +105,8 @@ def test_replay_equals_eager_at_the_same_padded_shape(graph_backend, mode):
         mixed = decode[:-1] + [Request(100 + batch, (5, 6), 0)]
         for requests in (decode, mixed):
             graph = r.step(requests)
-            eager = r.eager_step(requests, graph.padded_num_tokens)
-            assert graph.runtime_mode != "NONE" or graph.padded_num_tokens == graph.num_tokens
+            eager = r.eager_step(requests, graph.num_padded_tokens)
+            assert graph.runtime_mode != "NONE" or graph.num_padded_tokens == graph.num_real_tokens
             assert torch.equal(graph.logits, eager.logits), (mode, batch, graph.runtime_mode)
             r.release(100 + batch)
 
@@ -118,7 +118,7 @@ def test_padded_rows_write_no_kv_slot(graph_backend):
     r.step([Request(0, (1, 2, 3), 0)])
     before = r.cache.real_blocks().clone()
     out = r.step([Request(0, (4,), 3), Request(1, (9, 9, 9, 9, 9), 0)])  # 6 tokens padded to 8
-    assert out.padded_num_tokens == 8
+    assert out.num_padded_tokens == 8
     written = {r.slot_of(0, 3)} | {r.slot_of(1, p) for p in range(5)}
     after = r.cache.real_blocks()
     changed = {s for s in range(r.cache.num_slots) if not torch.equal(after[:, :, s], before[:, :, s])}
@@ -140,7 +140,7 @@ def test_a_full_step_copies_its_inputs_inside_the_graph():
         assert (counted.kernels, counted.graphs, counted.copies) == (1, 1, 1), counted
         graph = r.step(requests)
         assert graph.runtime_mode == "FULL"
-        assert torch.equal(graph.logits, r.eager_step(requests, graph.padded_num_tokens).logits)
+        assert torch.equal(graph.logits, r.eager_step(requests, graph.num_padded_tokens).logits)
 
 
 def test_staging_refuses_more_rows_than_the_graph_copies():
@@ -170,7 +170,7 @@ def test_a_remembered_dispatch_answers_as_the_dispatcher_does():
         for shape in shapes:
             assert r.planner.decide(*shape, captured=True) == r.dispatcher.dispatch(*shape), shape
     for _ in range(2):
-        with pytest.raises(ValueError, match="num_reqs must be in"):
+        with pytest.raises(ValueError, match="num_real_rows must be in"):
             r.planner.decide(4, 9, False, captured=True)
 
 
@@ -187,7 +187,7 @@ def test_steps_issued_back_to_back_each_read_their_own_inputs(graph_backend):
     for step, (requests, out) in enumerate(zip(batches, outputs)):
         assert out.runtime_mode == "FULL"
         # The KV the step wrote is there now; rewriting it with the same values changes nothing.
-        eager = r.eager_step(requests, out.padded_num_tokens)
+        eager = r.eager_step(requests, out.num_padded_tokens)
         assert torch.equal(out.logits, eager.logits), f"step {step} read another step's inputs"
 
 
@@ -233,14 +233,14 @@ def test_a_step_over_kept_rows_stages_what_a_fresh_plan_would(q):
         assert out.runtime_mode == "FULL"
         plan = r.last_plan
         updated += plan is kept and plan.revision == revision + 1
-        expected = r.planner.fresh(requests, FULL, plan.key, out.padded_num_tokens, q)
+        expected = r.planner.fresh(requests, FULL, plan.key, out.num_padded_tokens, q)
         for name in ("input_ids", "positions", "slot_mapping", "token_req", "block_tables", "seq_lens",
                      "query_start_loc", "num_padded_tokens", "staged_rows", "uniform_q"):
             assert getattr(plan, name) == getattr(expected, name), f"step {step}: {name} differs from a fresh plan"
         m = fresh.stage(expected)
         assert torch.equal(b.host[: 2 * m], fresh.host[: 2 * m]), f"step {step} staged other values"
         if step % 6 == 5:  # an eager step stages its own plan: the next step stages the kept one whole
-            assert torch.equal(out.logits, r.eager_step(requests, out.padded_num_tokens).logits), step
+            assert torch.equal(out.logits, r.eager_step(requests, out.num_padded_tokens).logits), step
         for i in contexts:
             contexts[i] += q
     assert updated >= 20, f"only {updated} of 40 steps updated the kept plan"
@@ -355,4 +355,30 @@ def test_compiled_pieces_replay_equal_their_eager_run():
     r.step([Request(0, (1, 2, 3), 0)])
     for requests in ([Request(0, (4,), 3)], [Request(0, (5,), 4), Request(1, (7, 8), 0)]):
         graph = r.step(requests)
-        assert torch.equal(graph.logits, r.eager_step(requests, graph.padded_num_tokens).logits)
+        assert torch.equal(graph.logits, r.eager_step(requests, graph.num_padded_tokens).logits)
+
+
+def test_the_reference_policy_converts_every_field_of_the_protocols_config():
+    """The adapter converts PolicyConfig field by field: a field the protocol gains fails here until
+    the conversion handles it (it would otherwise be dropped, silently, from every answer)."""
+    import dataclasses
+
+    from harness import protocol as p
+    from reference_runtime import adapter
+
+    assert {f.name for f in dataclasses.fields(p.PolicyConfig)} == adapter.CONVERTED_FIELDS
+    converted = adapter.to_policy_config(p.PolicyConfig(max_num_seqs=9, num_speculative_tokens=1, max_loras=2,
+                                                        mode="FULL", rules="vllm-0.33/v1"))
+    assert (converted.max_num_seqs, converted.num_speculative_tokens, converted.max_loras, converted.runner) == (9, 1, 2, "v1")  # the policy's own field
+    assert converted.mode.name == "FULL"
+
+
+def test_the_field_check_fails_on_a_field_the_conversion_does_not_handle(monkeypatch):
+    import dataclasses
+
+    from harness import protocol as p
+    from reference_runtime import adapter
+
+    grown = dataclasses.make_dataclass("PolicyConfig", [("new_option", int, dataclasses.field(default=0))],
+                                       bases=(p.PolicyConfig,), frozen=True)
+    assert {f.name for f in dataclasses.fields(grown)} - adapter.CONVERTED_FIELDS == {"new_option"}

@@ -217,7 +217,7 @@ def test_capture_launches_serving_and_batch_invariance_sections(tmp_path):
 
 def test_a_measurement_whose_suite_ran_and_recorded_nothing_says_so(tmp_path):
     run = make_run([case("suites/test_padding.py::test_spec_waste_examples[reference]", "skipped",
-                         reason="runtime 'reference' does not declare capability vllm_policy"),
+                         reason="runtime 'reference' does not declare capability vllm_rules"),
                     case("suites/test_serving.py::t[eager]", "passed")])
     markdown = render_runs(tmp_path, run)
     assert "grid (test_padding.py was skipped)" in markdown

@@ -1,4 +1,4 @@
-"""A runtime's declared vLLM release (Capabilities.vllm_version, docs/spec.md section 11).
+"""A runtime's declared vLLM release (Capabilities.rules "vllm-0.25", docs/spec.md section 11).
 
 - The oracle's rules for vLLM 0.25's V2 runner, each where it departs from 0.33: no decode sizes
   appended (the off-grid max_num_seqs, n x q), a 512 cap on any device, one key search across both
@@ -17,7 +17,7 @@ from harness.protocol import Capabilities, Descriptor, Dispatch, PolicyConfig
 from harness.runtime import registry
 from tests.catching import run_suites
 
-OLD = dict(vllm_version="0.25")
+OLD = dict(rules="vllm-0.25/v2")
 
 
 @pytest.mark.parametrize("config,count,largest", [
@@ -48,8 +48,10 @@ def test_the_data_parallel_agreement_of_vllm_025_is_not_modelled():
 
 
 @pytest.mark.parametrize("capabilities,message", [
-    (Capabilities(vllm_policy=True, vllm_version="0.30"), "vllm_version='0.30' is not a vLLM release"),
-    (Capabilities(vllm_policy=True, data_parallel=True, vllm_version="0.25"), "data-parallel agreement of vLLM 0.33"),
+    (Capabilities(rules="vllm-0.30"), "'0.30' is not a vLLM release"),
+    (Capabilities(rules="vllm-0.25/v1"), "runner\\(s\\) v2 only"),
+    (Capabilities(rules="vllm"), "ENGINE-RELEASE"),
+    (Capabilities(rules="vllm-0.25", data_parallel=True), "data-parallel agreement of vLLM 0.33"),
     (Capabilities(speculative_steps=True, execution=True), "speculative_steps .* needs speculative"),
 ])
 def test_a_release_the_harness_does_not_model_is_refused_at_load(capabilities, message):
@@ -72,4 +74,4 @@ def test_cases_for_a_runner_the_release_is_not_modelled_for_skip_saying_so(pytes
     assert "declares vLLM 0.25's policy, modelled here for runner(s) v2" in outcomes["v1-q2-full"][1]
     assert outcomes["seqs264-offgrid"][0] == "failed" and "(51, 512)" not in outcomes["seqs264-offgrid"][1]
     assert outcomes["cap32"][0] == "passed"  # where 0.25 and 0.33 agree, the spec's value holds
-    assert report["capabilities"]["vllm_version"] == "0.25"
+    assert report["capabilities"]["rules"] == "vllm-0.25"

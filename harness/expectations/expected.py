@@ -1,6 +1,6 @@
 """Where the execution suites get what an engine should have done, and which source said so.
 
-Never from the engine under test: under `vllm_policy` from the spec and the oracle; otherwise
+Never from the engine under test: under vLLM's rules (`vllm_rules`) from the spec and the oracle; otherwise
 from the runtime's own declared policy (`resolve_mode()`, `dispatch()`, `capture_sizes()`),
 checked against what its engine did. Only where a runtime declares no policy at all is the
 engine's own report used, and then the source says so.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from harness.expectations import oracle
 from harness.protocol import Descriptor, PolicyConfig, ResolveRequest
-from harness.vocabulary import (ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SPEC_RELEASE, SUPPORT_LEVELS, VLLM_RELEASES,
+from harness.vocabulary import (ORACLE, OWN_POLICY, RUNTIME_WORD, SPEC, SPEC_RELEASE, SUPPORT_LEVELS, VLLM_RELEASES, rules_name,
                                 expected_resolution, weakest)
 
 
@@ -22,18 +22,19 @@ class Expected:
 
 
 def vllm_rules(runtime, config: PolicyConfig) -> PolicyConfig:
-    """A vLLM case as the runtime's declared rules answer it: in its release (Capabilities.vllm_version),
+    """A vLLM case as the runtime's declared rules answer it: in its release (Capabilities.rules, "vllm-RELEASE"),
     and, where the case names a runner that release is not modelled for here, in its first runner.
     (A written-out case naming such a runner is skipped at collection: plugin.vllm_rules_skip.)"""
-    release = runtime.capabilities.vllm_version
-    runners = VLLM_RELEASES[release].runners
-    return replace(config, vllm_version=release, runner=config.runner if config.runner in runners else runners[0])
+    release = runtime.capabilities.vllm_release
+    runners = runtime.capabilities.vllm_runners or VLLM_RELEASES[release].runners
+    runner = config.vllm_runner if config.vllm_runner in runners else runners[0]
+    return replace(config, rules=rules_name("vllm", release, runner))
 
 
 def by_release(runtime, spec_value, per_release: dict | None = None):
     """A spec value written for vLLM 0.33, or the one the spec gives the runtime's declared release
     where that release differs (docs/spec.md section 11)."""
-    release = runtime.capabilities.vllm_version
+    release = runtime.capabilities.vllm_release
     value = None if release == SPEC_RELEASE else (per_release or {}).get(release)
     return spec_value if value is None else value
 
@@ -50,7 +51,7 @@ def resolution(runtime, mode: str, attention: tuple[str, ...], spec: int, engine
     """The config mode an engine built with these backends should resolve to ("error": rejected)."""
     support = support_of(runtime, attention)
     caps = runtime.capabilities
-    if support is not None and caps.vllm_policy:
+    if support is not None and caps.has("vllm_rules"):
         cell = expected_resolution(mode, support, num_speculative_tokens=spec)
         return Expected("error" if cell.error else cell.resolved, SPEC)
     if support is not None and caps.mode_resolution:
@@ -65,7 +66,7 @@ def resolution(runtime, mode: str, attention: tuple[str, ...], spec: int, engine
 
 def graph_keys(runtime, policy: PolicyConfig) -> Expected | None:
     """{"FULL": set of keys, "PIECEWISE": set of keys} for a resolved policy; None if unknowable."""
-    if runtime.capabilities.vllm_policy:
+    if runtime.capabilities.has("vllm_rules"):
         return Expected(oracle.graph_keys(policy), ORACLE)
     if not (runtime.capabilities.dispatch and runtime.capabilities.capture_sizes):
         return None
@@ -113,11 +114,11 @@ def launches_problem(runtime_mode: str, pieces: int | None, seen: int) -> str | 
 
 
 def eager_step_problem(runtime_mode: str, padded: int, asked: int, seen: int) -> str | None:
-    """What is wrong with an eager_step(padded_num_tokens=asked) that reported `runtime_mode` at
+    """What is wrong with an eager_step(num_padded_tokens=asked) that reported `runtime_mode` at
     `padded` after `seen` graph launches (None: nothing): it must run eager, at that size, no graph."""
     if (runtime_mode, padded, seen) == ("NONE", asked, 0):
         return None
-    return (f"eager_step(padded_num_tokens={asked}) must run eager at that size: it ran {runtime_mode} at "
+    return (f"eager_step(num_padded_tokens={asked}) must run eager at that size: it ran {runtime_mode} at "
             f"{padded} with {seen} graph launches")
 
 

@@ -5,8 +5,8 @@ They are deliberately shaped differently from the reference runtime: sizes are a
 predicate over 1..cap instead of a generated list, keys are enumerated sets, a V2 dispatch is a
 search of those sets, and resolution is the spec table as data (in harness.vocabulary). When a
 runtime and an oracle disagree, one of them is wrong; the policy suites say which number the
-spec asks for. `PolicyConfig.runner` picks vLLM's V1 or V2 model runner rules, and
-`PolicyConfig.vllm_version` the release: 0.33 is the spec; 0.25's V2 runner differs in three rules
+spec asks for. `PolicyConfig.rules` ("vllm-0.33/v2") picks vLLM's release and its V1 or V2 model runner rules
+(`vllm_release`, `vllm_runner`): 0.33 is the spec; 0.25's V2 runner differs in three rules
 (docs/spec.md section 11), each marked `OLD` below.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
         if config.max_capture_size is not None and config.max_capture_size != max(chosen):
             raise ValueError("user max inconsistent with user sizes")
     else:
-        old = config.vllm_version == OLD
+        old = config.vllm_release == OLD
         if config.max_capture_size is not None:
             limit = min(config.max_capture_size, tokens)
         else:
@@ -76,7 +76,7 @@ def _capture_sizes(config: PolicyConfig) -> tuple[int, ...]:
             if q > 1:
                 most = min(config.max_num_seqs, config.platform_max)
                 chosen |= {n * q for n in range(1, most + 1) if (on_grid(n) or n == most) and n * q <= limit}
-    if q > 1 and decode_is_full(config.mode) and config.runner == "v1":  # V2 rounds keys, not sizes
+    if q > 1 and decode_is_full(config.mode) and config.vllm_runner == "v1":  # V2 rounds keys, not sizes
         top = max(chosen)
         chosen = {s for s in (q * ((x + q - 1) // q) for x in chosen) if s <= top}
         if not chosen:
@@ -91,7 +91,7 @@ def lora_cases(config: PolicyConfig) -> list[int]:
         return [0]
     everything = config.max_loras + 1
     if not config.specialize_lora:  # V2 keeps graphs for batches without adapters too
-        return [everything] if config.runner == "v1" else [0, everything]
+        return [everything] if config.vllm_runner == "v1" else [0, everything]
     if not config.specialize_active_loras:
         return [0, everything]
     powers = [2**i for i in range(0, 20) if 2**i <= config.max_loras]
@@ -130,11 +130,11 @@ def _graph_keys(config: PolicyConfig, decode_query_lens: tuple[int, ...] | None 
                 keys["PIECEWISE"].add(Descriptor(s, None, False, loras > 0, loras))
             if mode not in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
                 continue
-            if config.runner == "v1" and q <= s <= q * seqs and s % q == 0:
+            if config.vllm_runner == "v1" and q <= s <= q * seqs and s % q == 0:
                 keys["FULL"].add(Descriptor(s, s // q, True, loras > 0, loras))
             for tier_q in decode_query_lens or (q,):
                 whole = tier_q * ((s + tier_q - 1) // tier_q)  # V2: the size rounded up to whole requests
-                if config.runner == "v2" and whole <= decode_most and whole // tier_q <= seqs:
+                if config.vllm_runner == "v2" and whole <= decode_most and whole // tier_q <= seqs:
                     keys["FULL"].add(Descriptor(whole, whole // tier_q, True, loras > 0, loras))
     return {mode: frozenset(found) for mode, found in keys.items()}
 
@@ -145,7 +145,7 @@ def _keys_by_size(config: PolicyConfig, decode_query_lens: tuple[int, ...] | Non
     found: dict[int, list[tuple[str, Descriptor]]] = {}
     for mode, keys in _graph_keys(config, decode_query_lens).items():
         for key in keys:
-            found.setdefault(key.num_tokens, []).append((mode, key))
+            found.setdefault(key.num_padded_tokens, []).append((mode, key))
     return sorted(found), found
 
 
@@ -158,20 +158,20 @@ def active_lora_case(config: PolicyConfig, num_active_loras: int) -> int:
     return min(cases)
 
 
-def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+def dispatch(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES),
              decode_query_lens: tuple[int, ...] | None = None) -> Dispatch:
     """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE.
     decode_query_lens (V2 only): as graph_keys takes it."""
-    if config.runner == "v2":
-        return dispatch_v2(config, num_tokens, num_reqs, uniform, num_active_loras, decode_query_lens)
+    if config.vllm_runner == "v2":
+        return dispatch_v2(config, num_real_tokens, num_real_rows, uniform, num_active_loras, decode_query_lens)
     if decode_query_lens is not None:
         raise ValueError("decode graphs of several q are modelled for the V2 runner only")
-    eager = Dispatch("NONE", Descriptor(num_tokens))  # eager steps are not keyed: only the size counts
+    eager = Dispatch("NONE", Descriptor(num_real_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager
     sizes = capture_sizes(config)
-    p = padded(sizes, num_tokens)
+    p = padded(sizes, num_real_tokens)
     if p is None or allowed <= {"NONE"}:
         return eager
     keys = _graph_keys(config)
@@ -190,7 +190,7 @@ def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None,
     return eager
 
 
-def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+def dispatch_v2(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                 num_active_loras: int = 0, decode_query_lens: tuple[int, ...] | None = None) -> Dispatch:
     """docs/runners.md, V2: for FULL, then PIECEWISE, the keys of that mode at the smallest size that
     holds the batch; the first one the batch fits (a uniform key takes only uniform batches, and no
@@ -198,46 +198,48 @@ def dispatch_v2(config: PolicyConfig, num_tokens: int, num_reqs: int | None = No
     both modes' keys, at the smallest size any of them has (docs/spec.md section 11). With several
     decode q (decode_query_lens), a uniform key takes only a batch of its own q."""
     q = config.query_len
-    if num_reqs is None:
-        num_reqs = num_tokens // q if uniform else min(num_tokens, config.max_num_seqs)
+    if num_real_rows is None:
+        num_real_rows = num_real_tokens // q if uniform else min(num_real_tokens, config.max_num_seqs)
     loras = active_lora_case(config, num_active_loras)
 
     def takes(key: Descriptor) -> bool:
         if not key.uniform:
             return True
-        return uniform and (decode_query_lens is None or key.num_tokens * num_reqs == num_tokens * key.num_reqs)
+        return uniform and (decode_query_lens is None
+                            or key.num_padded_tokens * num_real_rows == num_real_tokens * key.num_padded_rows)
 
-    if config.mode != "NONE" and num_tokens <= max(_capture_sizes(config), default=0):
+    if config.mode != "NONE" and num_real_tokens <= max(_capture_sizes(config), default=0):
         order, by_size = _keys_by_size(config, decode_query_lens)
-        searches = [("FULL", "PIECEWISE")] if config.vllm_version == OLD else [("FULL",), ("PIECEWISE",)]
+        searches = [("FULL", "PIECEWISE")] if config.vllm_release == OLD else [("FULL",), ("PIECEWISE",)]
         for modes in searches:
-            holding = next((found for size in order[bisect_left(order, num_tokens):]
+            holding = next((found for size in order[bisect_left(order, num_real_tokens):]
                             if (found := [(mode, k) for mode, k in by_size[size]
                                           if mode in modes and k.num_active_loras == loras])), [])
-            fits = [(mode, k) for mode, k in holding if takes(k) and (k.num_reqs is None or k.num_reqs >= num_reqs)]
+            fits = [(mode, k) for mode, k in holding
+                    if takes(k) and (k.num_padded_rows is None or k.num_padded_rows >= num_real_rows)]
             if fits:
                 return Dispatch(*min(fits, key=lambda fit: modes.index(fit[0])))
-    return Dispatch("NONE", Descriptor(num_tokens, num_reqs, False, loras > 0, loras))
+    return Dispatch("NONE", Descriptor(num_real_tokens, num_real_rows, False, loras > 0, loras))
 
 
 def dp_dispatch(config: PolicyConfig, ranks) -> list[Dispatch]:
     """spec section 4, data parallel: the lowest mode, one size, never a higher mode. V1 ranks share
     padded sizes and keep their own on eager; V2 ranks share unpadded sizes (and are uniform only
     if all are) and run their own unpadded size on eager (docs/runners.md)."""
-    if config.vllm_version == OLD:
+    if config.vllm_release == OLD:
         raise ValueError(f"the harness does not model vLLM {OLD}'s data-parallel agreement (harness.vocabulary.VLLM_RELEASES)")
-    local = [dispatch(config, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+    local = [dispatch(config, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
     if len(ranks) == 1:
         return local
     agreed = lowest(d.runtime_mode for d in local)
-    if config.runner == "v2":
+    if config.vllm_runner == "v2":
         if agreed == "NONE":  # each rank eager at its own unpadded size
-            return [dispatch_v2(replace(config, mode="NONE"), r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
-        size = max(r.num_tokens for r in ranks)
+            return [dispatch_v2(replace(config, mode="NONE"), r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
+        size = max(r.num_real_tokens for r in ranks)
         together = all(r.uniform for r in ranks)
-        return [dispatch_v2(config, size, r.num_reqs, together) for r in ranks]
+        return [dispatch_v2(config, size, r.num_real_rows, together) for r in ranks]
     if agreed == "NONE":  # no data-parallel padding; each rank runs eager at its own dispatched size
-        return [Dispatch("NONE", Descriptor(d.descriptor.num_tokens)) for d in local]
-    size = max(d.descriptor.num_tokens for d in local)
+        return [Dispatch("NONE", Descriptor(d.descriptor.num_padded_tokens)) for d in local]
+    size = max(d.descriptor.num_padded_tokens for d in local)
     return [dispatch(config, size, None, r.uniform and size % config.query_len == 0, allowed=frozenset({agreed}))
             for r in ranks]

@@ -11,11 +11,11 @@ class PolicyDelegate:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return self.policy.capture_sizes(config)
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return self.policy.padded_size(config, num_tokens)
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
+        return self.policy.padded_size(config, num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
-        return self.policy.dispatch(config, num_tokens, num_reqs, uniform, num_active_loras)
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+        return self.policy.dispatch(config, num_real_tokens, num_real_rows, uniform, num_active_loras)
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         return self.policy.resolve_mode(request)

@@ -43,14 +43,14 @@ class RuntimeProxy:
         result = self.wrapped.capture_sizes(config)
         return list(self._answer("capture_sizes()", result, validate.sizes(result)))
 
-    def padded_size(self, config, num_tokens):
-        result = self.wrapped.padded_size(config, num_tokens)
-        return self._answer(f"padded_size(num_tokens={num_tokens})", result, validate.padded_size(result, num_tokens))
+    def padded_size(self, config, num_real_tokens):
+        result = self.wrapped.padded_size(config, num_real_tokens)
+        return self._answer(f"padded_size(num_real_tokens={num_real_tokens})", result, validate.padded_size(result, num_real_tokens))
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0):
-        args = (config, num_tokens, num_reqs, uniform) + ((num_active_loras,) if num_active_loras else ())
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        args = (config, num_real_tokens, num_real_rows, uniform) + ((num_active_loras,) if num_active_loras else ())
         result = self.wrapped.dispatch(*args)
-        return self._answer(f"dispatch(num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})", result,
+        return self._answer(f"dispatch(num_real_tokens={num_real_tokens}, num_real_rows={num_real_rows}, uniform={uniform})", result,
                             validate.dispatch(result))
 
     def resolve_mode(self, request):

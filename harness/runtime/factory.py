@@ -122,7 +122,7 @@ class EngineFactory:
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
                               max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
                               num_speculative_tokens=spec, mode=mode)
-        if self.runtime.capabilities.vllm_policy:  # held to the rules of the release it declares
+        if self.runtime.capabilities.has("vllm_rules"):  # held to the rules of the release it declares
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,

@@ -5,7 +5,7 @@ harness itself rather than taken from the runtime's word.
 `ObservedEngine` wraps a built engine. On every step it checks that the reported runtime mode
 and padded size are what the runtime's own `dispatch()` (or `padded_size()`) says for that
 batch, with `uniform` decided here (every request brings exactly q tokens), and, under
-`vllm_policy`, what the oracle says; and that the graph launches the harness saw match the
+`vllm_rules`, what the oracle says; and that the graph launches the harness saw match the
 reported mode (FULL: one; PIECEWISE: the pieces per size that capture reported; NONE: none).
 The engines come from `harness.runtime.factory.EngineFactory`.
 """
@@ -85,27 +85,27 @@ class ObservedEngine:
             self._pieces_per_size = seen.captures  # the first recording sets the count every later step is held to
         n = sum(len(r.token_ids) for r in requests)
         self._validate(result, requests, n, "step()" if padding_fill is None else f"step(padding_fill={padding_fill!r})")
-        self.last_padded = result.padded_num_tokens
+        self.last_padded = result.num_padded_tokens
         self._check_step(requests, result, seen, n)
         if self.factory.runtime.capabilities.outputs_alias_graph_buffers:
             # The next step overwrites these logits, as declared: the harness is the caller, and a
             # caller of such a runtime copies what it keeps.
-            result = StepResult(result.logits.clone(), result.runtime_mode, result.num_tokens,
-                                result.padded_num_tokens)  # the harness's own type: the runtime's may be any
+            result = StepResult(result.logits.clone(), result.runtime_mode, result.num_real_tokens,
+                                result.num_padded_tokens)  # the harness's own type: the runtime's may be any
         return result
 
-    def eager_step(self, requests, padded_num_tokens: int):
+    def eager_step(self, requests, num_padded_tokens: int):
         requests = list(requests)
         self.live.update(r.request_id for r in requests)
         before = LOG.snapshot()
-        result = self.engine.eager_step(requests, padded_num_tokens)
+        result = self.engine.eager_step(requests, num_padded_tokens)
         seen = LOG.since(before)
         self._validate(result, requests, sum(len(r.token_ids) for r in requests), "eager_step()")
         check, batch = self.factory.check, describe_batch(requests)
-        problem = expected.eager_step_problem(result.runtime_mode, result.padded_num_tokens, padded_num_tokens,
+        problem = expected.eager_step_problem(result.runtime_mode, result.num_padded_tokens, num_padded_tokens,
                                               seen.replays)
         check.that(problem is None, what=problem or "", source=OBSERVED, case=batch,
-                   reported=(result.runtime_mode, result.padded_num_tokens), graph_launches_seen=seen.replays)
+                   reported=(result.runtime_mode, result.num_padded_tokens), graph_launches_seen=seen.replays)
         return result
 
     def _validate(self, result, requests, n: int, call: str) -> None:
@@ -120,31 +120,31 @@ class ObservedEngine:
 
     def _check_step(self, requests, result, seen: GraphLog, n: int) -> None:
         check, runtime, batch = self.factory.check, self.factory.runtime, describe_batch(requests)
-        reported = (result.runtime_mode, result.padded_num_tokens)
+        reported = (result.runtime_mode, result.num_padded_tokens)
         case = f"{batch}; ran {reported[0]} at {reported[1]}"
         problem = expected.launches_problem(result.runtime_mode, self._pieces_per_size, seen.replays)
         check.that(problem is None, what=problem or "", source=OBSERVED, case=case, graph_launches_seen=seen.replays)
         q = self.config.policy.query_len
         uniform = is_uniform(requests, q)
-        num_reqs = len(requests) or None
+        num_real_rows = len(requests) or None
         caps = runtime.capabilities
         if self.captured is None:
             check.equal(result.runtime_mode, "NONE", source=OBSERVED, case=case,
                         what="before capture() there is no graph to replay: a step runs eager")
         elif caps.dispatch:
-            own = runtime.dispatch(self.policy, n, num_reqs, uniform)
-            check.equal(reported, (own.runtime_mode, own.descriptor.num_tokens), source=OWN_POLICY,
+            own = runtime.dispatch(self.policy, n, num_real_rows, uniform)
+            check.equal(reported, (own.runtime_mode, own.descriptor.num_padded_tokens), source=OWN_POLICY,
                         case=batch, what=f"the step's mode and padded size vs the runtime's own dispatch() "
                                          f"(uniform={uniform}, mode {self.policy.mode})")
         elif caps.capture_sizes and result.runtime_mode != "NONE" and uniform:  # padded_size() speaks for decode steps
-            check.equal(result.padded_num_tokens, runtime.padded_size(self.policy, n), source=OWN_POLICY, case=case,
+            check.equal(result.num_padded_tokens, runtime.padded_size(self.policy, n), source=OWN_POLICY, case=case,
                         what="a graph step of a uniform batch runs at the runtime's own padded_size()")
         elif result.runtime_mode != "NONE":
-            check.that(result.padded_num_tokens >= n, source=OBSERVED, case=case,
+            check.that(result.num_padded_tokens >= n, source=OBSERVED, case=case,
                        what="a graph step runs at a size that holds the batch (padded up, never down)")
-        if caps.vllm_policy and self.captured is not None:
-            spec = oracle.dispatch(self.policy, n, num_reqs, uniform)
-            check.equal(reported, (spec.runtime_mode, spec.descriptor.num_tokens), source=ORACLE,
+        if caps.has("vllm_rules") and self.captured is not None:
+            spec = oracle.dispatch(self.policy, n, num_real_rows, uniform)
+            check.equal(reported, (spec.runtime_mode, spec.descriptor.num_padded_tokens), source=ORACLE,
                         case=batch, what=f"the step's mode and padded size (uniform={uniform})")
 
     # -- the rest ---------------------------------------------------------------------------

@@ -70,10 +70,10 @@ class RankStep:
     rank: int
     requests: list
     runtime_mode: str
-    num_tokens: int
-    padded_num_tokens: int
-    logits: object  # [num_tokens, vocab] on the CPU
-    eager_logits: object | None  # eager_step at padded_num_tokens; None for an idle rank
+    num_real_tokens: int
+    num_padded_tokens: int
+    logits: object  # [num_real_tokens, vocab] on the CPU
+    eager_logits: object | None  # eager_step at num_padded_tokens; None for an idle rank
     graph_launches: int  # replays the harness counted during step()
     stray_kv_slots: list[int] | None  # slots that changed outside the real tokens' slots; None: no kv_inspection
     problem: str | None = None  # what broke the protocol (the step's result, or its eager step)
@@ -264,7 +264,7 @@ def _last_lines(text: str, lines: int = 3) -> str:
 
 def _ran(reply) -> str:
     if isinstance(reply, dict) and "runtime_mode" in reply:
-        return f"{reply['runtime_mode']} at {reply['padded_num_tokens']}"
+        return f"{reply['runtime_mode']} at {reply['num_padded_tokens']}"
     return ""
 
 
@@ -356,7 +356,7 @@ def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
     n = sum(len(r.token_ids) for r in requests)
     problem = validate.step_result(result, n, vocab, device)
     if problem:
-        return {"runtime_mode": "?", "num_tokens": n, "padded_num_tokens": 0, "logits": None, "eager_logits": None,
+        return {"runtime_mode": "?", "num_real_tokens": n, "num_padded_tokens": 0, "logits": None, "eager_logits": None,
                 "graph_launches": launches, "stray_kv_slots": None, "problem": f"the engine's step() {problem}"}
     stray = None
     if kv_inspection:
@@ -364,13 +364,13 @@ def _step(engines, rank, world, device, key, requests, kv_inspection) -> dict:
     eager, eager_problem = None, None
     if requests:
         seen = LOG.snapshot()
-        eager = engine.eager_step(requests, result.padded_num_tokens)
+        eager = engine.eager_step(requests, result.num_padded_tokens)
         eager_problem = validate.step_result(eager, n, vocab, device)
         if not eager_problem:
-            eager_problem = expected.eager_step_problem(eager.runtime_mode, eager.padded_num_tokens,
-                                                        result.padded_num_tokens, LOG.since(seen).replays)
-    return {"runtime_mode": result.runtime_mode, "num_tokens": result.num_tokens,
-            "padded_num_tokens": result.padded_num_tokens, "logits": _packed(result.logits),
+            eager_problem = expected.eager_step_problem(eager.runtime_mode, eager.num_padded_tokens,
+                                                        result.num_padded_tokens, LOG.since(seen).replays)
+    return {"runtime_mode": result.runtime_mode, "num_real_tokens": result.num_real_tokens,
+            "num_padded_tokens": result.num_padded_tokens, "logits": _packed(result.logits),
             "eager_logits": _packed(eager.logits) if eager is not None else None, "graph_launches": launches,
             "stray_kv_slots": stray,
             "problem": f"the engine's {eager_problem}" if eager_problem else None}

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from harness.reliability.processes import pids  # noqa: F401 (checked where processes are watched)
 from harness.reliability.safe import describe_exception, safe_repr
-from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES
+from harness.vocabulary import CONFIG_MODES, PRECISIONS, RUNTIME_MODES, VLLM_RELEASES, parse_rules
 
 ENGINE_OPERATIONS = ("capture", "step", "eager_step", "release", "static_buffer_addresses")  # every Engine has them
 
@@ -47,12 +47,22 @@ def declarations(capabilities) -> str | None:
     if not _is_int(kept) or kept < 0:
         return (f"Capabilities.memory_kept_per_build={safe_repr(kept)}; declare the device bytes a closed engine "
                 "may leave allocated, an int >= 0 (0: close() releases everything)")
-    release = VLLM_RELEASES.get(capabilities.vllm_version)
+    rules = getattr(capabilities, "rules", None)
+    try:
+        parsed = parse_rules(rules)
+    except ValueError as error:
+        return f"Capabilities.rules={safe_repr(rules)}: {error}"
+    if parsed.family != "vllm":
+        return None  # another engine's rules, or its own: held to its own answers
+    release = VLLM_RELEASES.get(parsed.release)
     if release is None:
-        return (f"Capabilities.vllm_version={safe_repr(capabilities.vllm_version)} is not a vLLM release whose policy "
-                f"the harness models; declare one of {', '.join(map(repr, VLLM_RELEASES))} (docs/spec.md section 11)")
-    if capabilities.vllm_policy and capabilities.data_parallel and not release.data_parallel:
-        return (f"Capabilities.vllm_version={capabilities.vllm_version!r} with data_parallel: the harness models the "
+        return (f"Capabilities.rules={rules!r}: {parsed.release!r} is not a vLLM release whose policy the harness "
+                f"models; declare one of {', '.join(repr(f'vllm-{v}') for v in VLLM_RELEASES)} (docs/spec.md section 11)")
+    if parsed.runner is not None and parsed.runner not in release.runners:
+        return (f"Capabilities.rules={rules!r}: the harness models vLLM {parsed.release}'s runner(s) "
+                f"{', '.join(release.runners)} only")
+    if capabilities.data_parallel and not release.data_parallel:
+        return (f"Capabilities.rules={rules!r} with data_parallel: the harness models the "
                 f"data-parallel agreement of vLLM {', '.join(v for v, r in VLLM_RELEASES.items() if r.data_parallel)} "
                 "only; declare that release, or data_parallel=False")
     return None
@@ -67,13 +77,13 @@ def sizes(value) -> str | None:
 
 
 @_never_raises
-def padded_size(value, num_tokens: int) -> str | None:
+def padded_size(value, num_real_tokens: int) -> str | None:
     if value is None:
         return None
     if not _is_int(value):
         return f"returned {safe_repr(value)}; expected an int or None (None: the batch runs eager)"
-    if value < num_tokens:
-        return f"returned {value} for {num_tokens} tokens; a padded size holds every real token (>= {num_tokens})"
+    if value < num_real_tokens:
+        return f"returned {value} for {num_real_tokens} tokens; a padded size holds every real token (>= {num_real_tokens})"
     return None
 
 
@@ -83,11 +93,11 @@ def dispatch(value) -> str | None:
     key = getattr(value, "descriptor", None)
     if not isinstance(mode, str) or mode not in RUNTIME_MODES:
         return f"returned {safe_repr(value)}; expected a Dispatch whose runtime_mode is one of {RUNTIME_MODES}"
-    tokens, reqs = getattr(key, "num_tokens", None), getattr(key, "num_reqs", "missing")
+    tokens, rows = getattr(key, "num_padded_tokens", None), getattr(key, "num_padded_rows", "missing")
     if not _is_int(tokens) or tokens < 1:
-        return f"returned {safe_repr(value)}; the descriptor's num_tokens must be an int >= 1"
-    if reqs is not None and not _is_int(reqs):
-        return f"returned {safe_repr(value)}; the descriptor's num_reqs must be an int or None"
+        return f"returned {safe_repr(value)}; the descriptor's num_padded_tokens must be an int >= 1"
+    if rows is not None and not _is_int(rows):
+        return f"returned {safe_repr(value)}; the descriptor's num_padded_rows must be an int or None"
     if not isinstance(getattr(key, "uniform", None), bool):
         return f"returned {safe_repr(value)}; the descriptor's uniform must be a bool"
     return None
@@ -111,8 +121,8 @@ def resolution(value) -> str | None:
 
 
 @_never_raises
-def step_result(value, num_tokens: int, vocab: int | None, device: str, dtype: str | None = None) -> str | None:
-    """A StepResult of the promised form and kind: logits [num_tokens, vocab], dense, floating point,
+def step_result(value, num_real_tokens: int, vocab: int | None, device: str, dtype: str | None = None) -> str | None:
+    """A StepResult of the promised form and kind: logits [num_real_tokens, vocab], dense, floating point,
     on the engine's device, in the engine's dtype (`dtype`, EngineConfig.dtype; float32 too, the
     upcast engines make for sampling), with no NaN (a real token's logits never are)."""
     import torch
@@ -120,9 +130,9 @@ def step_result(value, num_tokens: int, vocab: int | None, device: str, dtype: s
     logits = getattr(value, "logits", None)
     if not isinstance(logits, torch.Tensor):
         return f"returned {safe_repr(value)}; expected a StepResult whose logits are a tensor"
-    expected_shape = (num_tokens, vocab) if vocab else None
-    if logits.dim() != 2 or logits.shape[0] != num_tokens or (expected_shape and tuple(logits.shape) != expected_shape):
-        return (f"returned logits of shape {tuple(logits.shape)}; expected {expected_shape or (num_tokens, 'vocab')}: "
+    expected_shape = (num_real_tokens, vocab) if vocab else None
+    if logits.dim() != 2 or logits.shape[0] != num_real_tokens or (expected_shape and tuple(logits.shape) != expected_shape):
+        return (f"returned logits of shape {tuple(logits.shape)}; expected {expected_shape or (num_real_tokens, 'vocab')}: "
                 "one row per real token, in request order")
     problem = logits_kind(logits, device, dtype)
     if problem:
@@ -130,11 +140,11 @@ def step_result(value, num_tokens: int, vocab: int | None, device: str, dtype: s
     mode = getattr(value, "runtime_mode", None)
     if not isinstance(mode, str) or mode not in RUNTIME_MODES:
         return f"reported runtime_mode {safe_repr(mode)}; expected one of {RUNTIME_MODES}"
-    if getattr(value, "num_tokens", None) != num_tokens:
-        return f"reported num_tokens {safe_repr(getattr(value, 'num_tokens', None))} for a batch of {num_tokens} tokens"
-    padded = getattr(value, "padded_num_tokens", None)
-    if not _is_int(padded) or padded < num_tokens:
-        return f"reported padded_num_tokens {safe_repr(padded)}; expected an int >= the {num_tokens} real tokens"
+    if getattr(value, "num_real_tokens", None) != num_real_tokens:
+        return f"reported num_real_tokens {safe_repr(getattr(value, 'num_real_tokens', None))} for a batch of {num_real_tokens} tokens"
+    padded = getattr(value, "num_padded_tokens", None)
+    if not _is_int(padded) or padded < num_real_tokens:
+        return f"reported num_padded_tokens {safe_repr(padded)}; expected an int >= the {num_real_tokens} real tokens"
     return nan_rows(logits)
 
 
@@ -201,19 +211,19 @@ def capture_report(value) -> str | None:
     order = getattr(value, "order", None)
     if order is None or not all(isinstance(o, Sequence) and len(o) == 2 and o[0] in ("FULL", "PIECEWISE")
                                 and _is_int(o[1]) for o in order):
-        return f"returned {safe_repr(value)}; order must list (runtime mode, num_tokens) pairs"
+        return f"returned {safe_repr(value)}; order must list (runtime mode, num_real_tokens) pairs"
     return None
 
 
 @_never_raises
-def step_inputs(value, padded_num_tokens: int) -> str | None:
+def step_inputs(value, num_padded_tokens: int) -> str | None:
     import torch
 
     for name in ("token_ids", "positions", "slot_mapping"):
         tensor = getattr(value, name, None)
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.shape[0] != padded_num_tokens:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.shape[0] != num_padded_tokens:
             return (f"returned {name}={safe_repr(tensor)}; expected a 1-D tensor of the step's "
-                    f"{padded_num_tokens} padded rows")
+                    f"{num_padded_tokens} padded rows")
         if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
             return f"returned {name} of dtype {tensor.dtype}; expected an integer tensor (ids, positions, slots)"
     if not _is_int(getattr(value, "padding_slot", None)):

@@ -59,8 +59,8 @@ def rejecting_drafts(engine, anchor, first_id: int, q: int, step: Callable | Non
         engine.release(i)
 
 
-def _next(request_id: int, history: list[int], expected, last_row: int, num_tokens: int, dropped: int) -> Request:
+def _next(request_id: int, history: list[int], expected, last_row: int, num_real_tokens: int, dropped: int) -> Request:
     """The request's next step: the token after its last accepted one, then drafts."""
     first = int(expected[last_row].argmax()) if expected is not None else token(request_id, len(history))
-    drafts = tuple(1 + (first + j) % 200 for j in range(1, num_tokens))
+    drafts = tuple(1 + (first + j) % 200 for j in range(1, num_real_tokens))
     return Request(request_id, (first,) + drafts, len(history), num_rejected_tokens=dropped)

@@ -11,7 +11,7 @@ import functools
 from hypothesis import strategies as st
 
 from harness.protocol import PolicyConfig
-from harness.vocabulary import CONFIG_MODES
+from harness.vocabulary import CONFIG_MODES, SPEC_RELEASE, rules_name
 
 _sampled_from = functools.lru_cache(maxsize=None)(st.sampled_from)  # of a tuple: one strategy per tuple
 
@@ -27,6 +27,11 @@ _USER_MAX = st.integers(1, 1100)
 def _token_budgets(seqs: int):
     return st.one_of(st.none(), st.integers(seqs, seqs + 600), st.sampled_from([2048, 8192])).filter(
         lambda t: t is None or t >= seqs)
+
+
+def _vllm_rules(runner: str) -> str:
+    """The spec release's rules for one of vLLM's runners (the harness asks in a runtime's declared release)."""
+    return rules_name("vllm", SPEC_RELEASE, runner)
 
 
 @st.composite
@@ -47,7 +52,7 @@ def policy_configs(draw, *, speculative: bool = True, user_sizes: bool = True, m
         user_max = draw(_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=spec,
                         platform_max=platform, capture_sizes=sizes, max_capture_size=user_max, mode=mode,
-                        runner=draw(_sampled_from(tuple(runners))))
+                        rules=_vllm_rules(draw(_sampled_from(tuple(runners)))))
 
 
 def plain_configs(modes=CONFIG_MODES):
@@ -95,7 +100,8 @@ def sweep_configs(draw, *, modes=CONFIG_MODES):
         user_max = draw(_SWEEP_USER_MAX)
     return PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, num_speculative_tokens=draw(
         _sampled_from(QUERY_LENS)) - 1, platform_max=draw(_PLATFORM_MAX), capture_sizes=sizes,
-        max_capture_size=user_max, mode=draw(_sampled_from(tuple(modes))), runner=draw(_sampled_from(RUNNERS)))
+        max_capture_size=user_max, mode=draw(_sampled_from(tuple(modes))),
+        rules=_vllm_rules(draw(_sampled_from(RUNNERS))))
 
 
 # Always swept, whatever is drawn: vLLM's defaults and largest grids (256 and 1024 sequences, an
@@ -103,7 +109,7 @@ def sweep_configs(draw, *, modes=CONFIG_MODES):
 # speculative decoding (q = 3), under both runners. The drawn configs reach every q.
 LARGE_SWEEP_CONFIGS = tuple(
     PolicyConfig(max_num_seqs=seqs, max_num_batched_tokens=tokens, platform_max=platform,
-                 num_speculative_tokens=q - 1, mode=mode, runner=runner)
+                 num_speculative_tokens=q - 1, mode=mode, rules=_vllm_rules(runner))
     for (seqs, tokens, platform, mode), q, runner in (
         (row, q, runner)
         for row in ((256, None, 512, "FULL_AND_PIECEWISE"), (1024, 8192, 1024, "FULL_AND_PIECEWISE"),

@@ -17,7 +17,7 @@ from harness.vocabulary import PADDING_FILLS
 
 BENCHMARK_SUITES = "test_step_latency.py, test_serving.py"
 # Declarations whose absence skips nothing: a test asks for them to be absent ("not ...") or reads them.
-ONLY_WHEN_DECLARED = ("outputs_alias_graph_buffers", "random_padding_ids", "lazy_capture")
+ONLY_WHEN_DECLARED = ("outputs_alias_graph_buffers", "lazy_capture")
 
 
 def xdist_active(config) -> bool:
@@ -49,7 +49,7 @@ def skip_lines(config, runtime, graph_backend: str | None, no_backend: str | Non
     if capabilities.outputs_alias_graph_buffers:
         lines.append(f"skipped: the check that held outputs survive the next step (runtime {name!r} declares "
                      "outputs_alias_graph_buffers)")
-    if capabilities.random_padding_ids:
+    if capabilities.declares("random_padding_ids"):
         lines.append(f"checked differently: padded rows' token ids are held to change from step to step, not to stay "
                      f"the same (runtime {name!r} declares random_padding_ids)")
     if capabilities.lazy_capture:

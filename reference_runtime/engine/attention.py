@@ -28,9 +28,9 @@ from .kv_cache import KVCache
 class Metadata:
     """Views of the static buffers for one step, plus the layout that picks kernels."""
 
-    num_tokens: int  # padded
+    num_padded_tokens: int  # token rows the step runs at
     uniform_q: int | None  # tokens per request when the layout is uniform, else None
-    num_reqs: int  # request rows in use (dummy rows for padding included)
+    num_padded_rows: int  # request rows in use (dummy rows for padding included)
     host_seq_lens: list[int]  # the plan's context lengths after this step, on the host (frozen in a graph)
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T], -1 for padded rows
@@ -104,7 +104,7 @@ class Backend:
 
     def per_request(self, layer, q, meta, mask_by_seq_lens: bool = False):
         """Uniform batches: [requests, q] tokens against each request's context window."""
-        rows, width = meta.num_reqs, meta.uniform_q
+        rows, width = meta.num_padded_rows, meta.uniform_q
         k, v = gather_context(self.cache, layer, meta.block_tables[:rows], meta.context_window[None, :])
         if mask_by_seq_lens:  # single-token decode: the token is the last position
             mask = (meta.context_window[None, :] < meta.seq_lens[:rows, None])[:, None, :].expand(rows, width, -1)
@@ -116,7 +116,7 @@ class Backend:
     def varlen(self, layer, q, meta):
         """Request by request with lengths read back from the device: data-dependent, eager only."""
         out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-        rows = meta.num_reqs
+        rows = meta.num_padded_rows
         starts = meta.query_start_loc[: rows + 1].tolist()
         lengths = meta.seq_lens[:rows].tolist()
         for row in range(rows):

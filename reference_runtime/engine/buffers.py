@@ -95,26 +95,26 @@ class StaticBuffers:
     # -- staging ------------------------------------------------------------------------------
     def stage(self, plan: StepPlan) -> int:
         """Write a plan into the pinned host buffer; return how many values `transfer` moves."""
-        n, rows, real_rows = plan.num_padded_tokens, plan.staged_rows, plan.num_rows
-        if n > self.max_tokens or rows > self.max_rows:
-            raise ValueError(f"a step of {n} tokens in {rows} rows does not fit static buffers of "
+        num_padded_tokens, rows, real_rows = plan.num_padded_tokens, plan.staged_rows, plan.num_rows
+        if num_padded_tokens > self.max_tokens or rows > self.max_rows:
+            raise ValueError(f"a step of {num_padded_tokens} tokens in {rows} rows does not fit static buffers of "
                              f"{self.max_tokens} tokens and {self.max_rows} rows")
         if real_rows > rows:
             raise ValueError(f"a step of {real_rows} request rows does not fit the {rows} rows staged for it")
-        destinations, starts = self._shape(n, rows)
+        destinations, starts = self._shape(num_padded_tokens, rows)
         m = len(destinations)
         self._wait_for_last_copy()
         if plan is self._staged_plan:
             self._write_updates(plan, starts)
         else:
-            self._write(plan, n, rows, m)
+            self._write(plan, num_padded_tokens, rows, m)
         if self._staged_destinations is not destinations:  # the last step of this shape left them there
             self._host_values[m: 2 * m] = destinations
             self._staged_destinations = destinations
         self._staged_plan, self._staged_revision = plan, plan.revision
         return m
 
-    def _write(self, plan: StepPlan, n: int, rows: int, m: int) -> None:
+    def _write(self, plan: StepPlan, num_padded_tokens: int, rows: int, m: int) -> None:
         """The whole plan: every input but the block tables in one assignment (numpy's cost is per
         call at a small batch), rows past the layout's as length 0 starting at the end; then the
         block tables row by row."""
@@ -125,10 +125,10 @@ class StaticBuffers:
             if kind is ROWS:
                 head += [0] * pad
             elif kind is ROW_EDGES:
-                head += [n] * pad
+                head += [num_padded_tokens] * pad
         at = m - rows * self.max_blocks
         if len(head) != at:
-            raise ValueError(f"a plan of {n} tokens in {plan.num_rows} rows needs {n} token ids, positions, slots "
+            raise ValueError(f"a plan of {num_padded_tokens} tokens in {plan.num_rows} rows needs {num_padded_tokens} token ids, positions, slots "
                              f"and token rows, {plan.num_rows} sequence lengths and {plan.num_rows + 1} query starts")
         host = self._host_values
         host[:at] = head
@@ -181,18 +181,18 @@ class StaticBuffers:
     # -- what a step and the harness read -----------------------------------------------------
     def metadata(self, plan: StepPlan) -> Metadata:
         """Views for a step at the plan's padded size, with its (frozen) layout decisions."""
-        n = plan.num_padded_tokens
+        num_padded_tokens = plan.num_padded_tokens
         return Metadata(
-            num_tokens=n, uniform_q=plan.uniform_q, num_reqs=plan.num_rows, host_seq_lens=plan.seq_lens,
-            positions=self.positions[:n], slot_mapping=self.slot_mapping[:n], token_req=self.token_req[:n],
+            num_padded_tokens=num_padded_tokens, uniform_q=plan.uniform_q, num_padded_rows=plan.num_rows, host_seq_lens=plan.seq_lens,
+            positions=self.positions[:num_padded_tokens], slot_mapping=self.slot_mapping[:num_padded_tokens], token_req=self.token_req[:num_padded_tokens],
             block_tables=self.block_tables, seq_lens=self.seq_lens, query_start_loc=self.query_start_loc,
             context_window=self.context_window,
         )
 
-    def inputs(self, num_tokens: int) -> dict[str, torch.Tensor]:
-        """Copies of the token ids, positions and slots of the first num_tokens token rows."""
-        return {"token_ids": self.input_ids[:num_tokens].clone(), "positions": self.positions[:num_tokens].clone(),
-                "slot_mapping": self.slot_mapping[:num_tokens].clone()}
+    def inputs(self, num_padded_tokens: int) -> dict[str, torch.Tensor]:
+        """Copies of the token ids, positions and slots of the first num_padded_tokens token rows."""
+        return {"token_ids": self.input_ids[:num_padded_tokens].clone(), "positions": self.positions[:num_padded_tokens].clone(),
+                "slot_mapping": self.slot_mapping[:num_padded_tokens].clone()}
 
     def request_rows(self, num_rows: int) -> dict[str, torch.Tensor]:
         """Copies of the sequence lengths, query starts and block tables of the first num_rows request rows."""

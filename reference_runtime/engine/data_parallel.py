@@ -1,6 +1,6 @@
 """One rank's side of data-parallel consensus at step time, as vLLM's runners do it.
 
-Before every step each rank dispatches its own batch, all-reduces (num_tokens, dispatched size,
+Before every step each rank dispatches its own batch, all-reduces (num_real_tokens, dispatched size,
 mode, uniform) with the other ranks, and re-dispatches to what they agreed (policy/data_parallel.py:
 the lowest mode; under a graph mode one size, by the policy's runner). A rank with no requests still takes part and
 runs a dummy batch of one decode request's worth of padding rows (vLLM's dummy run), so the
@@ -29,17 +29,17 @@ class DataParallel:
                              f"of {dist.get_world_size()}")
         self.rank, self.world, self.device = rank, world, device
 
-    def dispatch(self, dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
+    def dispatch(self, dispatcher: Dispatcher, num_real_tokens: int, num_real_rows: int, uniform: bool,
                  captured: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """What this rank runs: its own dispatch, the all-reduce, the re-dispatch."""
-        mine, num_reqs = own_share(dispatcher, num_tokens, num_reqs, uniform, captured)
-        return runs(dispatcher, self.exchange(mine), self.rank, num_reqs)
+        mine, num_real_rows = own_share(dispatcher, num_real_tokens, num_real_rows, uniform, captured)
+        return runs(dispatcher, self.exchange(mine), self.rank, num_real_rows)
 
     def exchange(self, mine: Shared) -> list[Shared]:
         """Every rank's share: one all-reduce (a sum) of a [4, world] table in which each rank
         fills its own column."""
         table = torch.zeros(4, self.world, dtype=torch.int32)
-        table[:, self.rank] = torch.tensor([mine.num_tokens, mine.size, RUNTIME_MODE_RANK[mine.mode],
+        table[:, self.rank] = torch.tensor([mine.num_real_tokens, mine.size, RUNTIME_MODE_RANK[mine.mode],
                                             int(mine.uniform)], dtype=torch.int32)
         table = table.to(self.device)
         dist.all_reduce(table)

@@ -24,14 +24,14 @@ def fill_padding(plan: StepPlan, fill: str, vocab: int, max_model_len: int) -> S
     padded size, so a step is repeatable)."""
     if fill not in FILLS:
         raise ValueError(f"padding_fill must be one of {', '.join(FILLS)}, got {fill!r}")
-    n, size = plan.num_real_tokens, plan.num_padded_tokens
-    pad = size - n
+    num_real_tokens, num_padded_tokens = plan.num_real_tokens, plan.num_padded_tokens
+    pad = num_padded_tokens - num_real_tokens
     if fill == "zeros":
         ids = positions = [0] * pad
     else:
         import torch
 
-        generator = torch.Generator().manual_seed(size)
+        generator = torch.Generator().manual_seed(num_padded_tokens)
         ids = torch.randint(0, vocab, (pad,), generator=generator).tolist()
         positions = torch.randint(0, max_model_len, (pad,), generator=generator).tolist()
-    return replace(plan, input_ids=plan.input_ids[:n] + ids, positions=plan.positions[:n] + positions)
+    return replace(plan, input_ids=plan.input_ids[:num_real_tokens] + ids, positions=plan.positions[:num_real_tokens] + positions)

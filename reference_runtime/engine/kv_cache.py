@@ -87,10 +87,10 @@ class BlockAllocator:
         self.free = list(range(num_blocks - 1, NULL_BLOCK, -1))
         self.tables: dict[int, list[int]] = {}
 
-    def ensure(self, request_id: int, num_tokens: int) -> list[int]:
-        """Grow a request's block table to hold num_tokens tokens."""
+    def ensure(self, request_id: int, num_real_tokens: int) -> list[int]:
+        """Grow a request's block table to hold num_real_tokens tokens."""
         table = self.tables.setdefault(request_id, [])
-        needed = -(-num_tokens // self.block_size) - len(table)
+        needed = -(-num_real_tokens // self.block_size) - len(table)
         if needed > 0:
             if needed > len(self.free):
                 raise KVCacheFull(

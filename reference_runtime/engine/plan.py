@@ -79,20 +79,20 @@ class Planner:
         """A uniform decode batch: every request brings exactly q tokens."""
         return query_len_if_uniform(requests, self.q) is not None
 
-    def decide(self, num_tokens: int, num_reqs: int, uniform: bool, captured: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
+    def decide(self, num_real_tokens: int, num_real_rows: int, uniform: bool, captured: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """The mode and graph key of a batch of this shape; eager and unpadded until graphs are
         captured. The dispatcher's keys are fixed once built, so each shape is asked once."""
         if self.consensus is not None:  # an idle rank (no tokens) joins too, and runs padding rows only
-            return self.consensus.dispatch(self.dispatcher, num_tokens, num_reqs, uniform, captured)
-        shape = (num_tokens, num_reqs, uniform)
+            return self.consensus.dispatch(self.dispatcher, num_real_tokens, num_real_rows, uniform, captured)
+        shape = (num_real_tokens, num_real_rows, uniform)
         answer = self._answers.get(shape)
         if answer is None:
-            answer = self.dispatcher.dispatch(num_tokens, num_reqs, uniform)
+            answer = self.dispatcher.dispatch(num_real_tokens, num_real_rows, uniform)
             if len(self._answers) < 4096:  # a bound for long services of mixed batches
                 self._answers[shape] = answer
         mode, key = answer
         if mode is not NONE and not captured:
-            return NONE, BatchDescriptor(num_tokens, num_reqs)
+            return NONE, BatchDescriptor(num_real_tokens, num_real_rows)
         return answer
 
     def plan(self, requests, captured: bool) -> StepPlan:
@@ -100,53 +100,53 @@ class Planner:
         mode, key = self.decide(sum(len(r.token_ids) for r in requests), len(requests), self._is_uniform(requests),
                                 captured)
         if mode is NONE:
-            return self.lay_out(requests, NONE, None, key.num_tokens)
-        return self.lay_out(requests, mode, key, key.num_tokens, uniform=key.uniform if mode is FULL else None)
+            return self.lay_out(requests, NONE, None, key.num_padded_tokens)
+        return self.lay_out(requests, mode, key, key.num_padded_tokens, uniform=key.uniform if mode is FULL else None)
 
     def plan_eager(self, requests, num_padded_tokens: int) -> StepPlan:
         """The step run eagerly at a given size, laid out as a FULL graph of that size would be."""
         mode, key = self.dispatcher.dispatch(sum(len(r.token_ids) for r in requests), len(requests),
                                              self._is_uniform(requests))
-        same_shape = mode is FULL and key.num_tokens == num_padded_tokens
+        same_shape = mode is FULL and key.num_padded_tokens == num_padded_tokens
         return self.lay_out(requests, NONE, None, num_padded_tokens, uniform=key.uniform if same_shape else None)
 
     def dummy(self, mode: CUDAGraphMode, key: BatchDescriptor) -> StepPlan:
         """A batch of padding rows only, at a graph's size: what warm-up and capture run."""
-        return self.lay_out([], mode, key, key.num_tokens, uniform=key.uniform if mode is FULL else False)
+        return self.lay_out([], mode, key, key.num_padded_tokens, uniform=key.uniform if mode is FULL else False)
 
     def _staged_rows(self, mode: CUDAGraphMode, key: BatchDescriptor | None, num_rows: int) -> int:
         """Request rows the static buffers get. A FULL graph copies a fixed number, set at capture:
-        n / q in a uniform layout; in a mixed one at most a row per token and the padding's row."""
+        num_padded_tokens / q in a uniform layout; in a mixed one at most a row per token and the padding's row."""
         if mode is not FULL:
             return num_rows
-        n = key.num_tokens
-        return n // self.q if key.uniform else min(n + 1, self.max_rows)
+        num_padded_tokens = key.num_padded_tokens
+        return num_padded_tokens // self.q if key.uniform else min(num_padded_tokens + 1, self.max_rows)
 
     # -- laying it out ------------------------------------------------------------------------
-    def lay_out(self, requests, mode, key, num_tokens: int, uniform: bool | None = None) -> StepPlan:
-        """The requests laid out at num_tokens token rows. A uniform layout is [requests, q]
+    def lay_out(self, requests, mode, key, num_padded_tokens: int, uniform: bool | None = None) -> StepPlan:
+        """The requests laid out at num_padded_tokens token rows. A uniform layout is [requests, q]
         (padding: dummy requests of q tokens); a mixed one puts every padded row in one dummy
         request. `uniform=None`: uniform whenever the batch is and the size divides evenly."""
-        fits = num_tokens % self.q == 0 and num_tokens // self.q <= self.max_rows
+        fits = num_padded_tokens % self.q == 0 and num_padded_tokens // self.q <= self.max_rows
         batch_uniform = not requests or query_len_if_uniform(requests, self.q) is not None
         if uniform is None:
             uniform = bool(requests) and fits and batch_uniform
         elif uniform and not (fits and batch_uniform):
             raise ValueError(f"a uniform layout needs requests of {self.q} tokens and a size divisible by {self.q}")
         if uniform and mode is FULL and requests:
-            kept = self._update_persistent(requests, key, num_tokens)
+            kept = self._update_persistent(requests, key, num_padded_tokens)
             if kept is not None:
                 return kept
-        plan = self.fresh(requests, mode, key, num_tokens, self.q if uniform else None)
+        plan = self.fresh(requests, mode, key, num_padded_tokens, self.q if uniform else None)
         if uniform and mode is FULL and requests:
             self.persistent = plan
         return plan
 
-    def fresh(self, requests, mode, key, num_tokens: int, uniform_q: int | None) -> StepPlan:
+    def fresh(self, requests, mode, key, num_padded_tokens: int, uniform_q: int | None) -> StepPlan:
         """A new plan: every request's rows from the allocator's tables, then the padding."""
         real = sum(len(r.token_ids) for r in requests)
-        if num_tokens < real:
-            raise ValueError(f"cannot pad {real} tokens down to {num_tokens}")
+        if num_padded_tokens < real:
+            raise ValueError(f"cannot pad {real} tokens down to {num_padded_tokens}")
         allocator = self.allocator
         ids, positions, slots, token_req, tables, owners, seq_lens, starts = [], [], [], [], [], [], [], [0]
         for row, request in enumerate(requests):
@@ -162,7 +162,7 @@ class Planner:
                 token_req.append(row)
             seq_lens.append(total)
             starts.append(starts[-1] + len(tokens))
-        pad = num_tokens - real
+        pad = num_padded_tokens - real
         dummy_sizes = [uniform_q] * (pad // uniform_q) if uniform_q is not None else ([pad] if pad else [])
         for size in dummy_sizes:
             row = len(seq_lens)
@@ -175,15 +175,15 @@ class Planner:
             starts.append(starts[-1] + size)
         if len(seq_lens) > self.max_rows:
             raise ValueError(f"{len(seq_lens)} request rows do not fit the {self.max_rows} rows of the static buffers")
-        return StepPlan(mode, key, real, num_tokens, len(requests), self._staged_rows(mode, key, len(seq_lens)),
+        return StepPlan(mode, key, real, num_padded_tokens, len(requests), self._staged_rows(mode, key, len(seq_lens)),
                         uniform_q, ids, positions, slots, token_req, tables, seq_lens, starts,
                         table_revisions=[0] * len(requests), owners=owners)
 
-    def _update_persistent(self, requests, key, num_tokens: int) -> StepPlan | None:
+    def _update_persistent(self, requests, key, num_padded_tokens: int) -> StepPlan | None:
         """The persistent batch's plan, updated in place to what `fresh` would give, if the last
         uniform step had this size and as many requests; else None."""
         kept = self.persistent
-        if kept is None or kept.num_padded_tokens != num_tokens or kept.num_real_rows != len(requests) \
+        if kept is None or kept.num_padded_tokens != num_padded_tokens or kept.num_real_rows != len(requests) \
                 or kept.key != key:
             return None
         q, allocator = self.q, self.allocator

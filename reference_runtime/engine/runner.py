@@ -104,9 +104,9 @@ class ModelRunner:
         with self.cache.poisoned(POISONS[padding_fill]) if padding_fill in POISONS else nullcontext():
             return self._run(filled)
 
-    def eager_step(self, requests, padded_num_tokens: int) -> StepResult:
+    def eager_step(self, requests, num_padded_tokens: int) -> StepResult:
         """The same step run eagerly at a given padded size, laid out as a graph there would be."""
-        return self._run(self.planner.plan_eager(list(requests), padded_num_tokens), eager=True)
+        return self._run(self.planner.plan_eager(list(requests), num_padded_tokens), eager=True)
 
     def _run(self, plan: StepPlan, eager: bool = False) -> StepResult:
         self.last_plan = plan

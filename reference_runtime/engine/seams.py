@@ -43,7 +43,7 @@ class StagerProtocol(Protocol):
 
     def tensors(self) -> dict: ...  # the static inputs graphs read, by name
 
-    def inputs(self, num_tokens: int) -> dict: ...  # copies of the staged token ids, positions, slots
+    def inputs(self, num_padded_tokens: int) -> dict: ...  # copies of the staged token ids, positions, slots
 
     def swap(self, name: str) -> None: ...  # one input to another address (the address check's probe)
 

@@ -57,7 +57,7 @@ class CapturedGraphs:
     @torch.inference_mode()
     def forward(self, meta) -> torch.Tensor:
         """The eager forward over the static buffers at the metadata's padded size."""
-        runner, num_padded_tokens = self.runner, meta.num_tokens
+        runner, num_padded_tokens = self.runner, meta.num_padded_tokens
         stager = runner.stager
         return runner.model.forward(stager.input_ids[:num_padded_tokens], stager.positions[:num_padded_tokens],
                                     runner.attention(meta))
@@ -84,7 +84,7 @@ class CapturedGraphs:
             for mode, keys in runner.dispatcher.capture_keys():
                 for key in keys:
                     self.record(mode, key, self.capture_key(mode, key, runner.graphs))
-                    order.append((mode.name, key.num_tokens))
+                    order.append((mode.name, key.num_padded_tokens))
         runner.graphs.close_capture_phase()
         seconds = time.perf_counter() - start
         counts = {"FULL": len(self.full_graphs), "PIECEWISE": sum(len(g) for g in self.piece_graphs.values())}
@@ -95,7 +95,7 @@ class CapturedGraphs:
     def record(self, mode: CUDAGraphMode, key, graphs: list) -> None:
         """Keep one key's graphs for the steps that replay it."""
         if mode is PIECEWISE:
-            self.piece_graphs[key.num_tokens] = graphs
+            self.piece_graphs[key.num_padded_tokens] = graphs
         else:
             self.full_graphs[key] = graphs[0]
 

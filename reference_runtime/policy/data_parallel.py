@@ -27,29 +27,29 @@ from .modes import RUNTIME_MODE_RANK, CUDAGraphMode
 class Shared(NamedTuple):
     """What one rank puts in the all-reduce."""
 
-    num_tokens: int  # unpadded
+    num_real_tokens: int  # unpadded
     size: int  # what its own dispatch chose
     mode: CUDAGraphMode  # what its own dispatch chose
     uniform: bool
 
 
-def share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int | None, uniform: bool,
+def share(dispatcher: Dispatcher, num_real_tokens: int, num_real_rows: int | None, uniform: bool,
           captured: bool = True) -> Shared:
     """A rank's own dispatch, as it enters the consensus (nothing captured yet: eager, unpadded)."""
     if captured:
-        mode, key = dispatcher.dispatch(num_tokens, num_reqs, uniform)
+        mode, key = dispatcher.dispatch(num_real_tokens, num_real_rows, uniform)
     else:
-        mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
-    return Shared(num_tokens, key.num_tokens, mode, uniform)
+        mode, key = CUDAGraphMode.NONE, BatchDescriptor(num_real_tokens)
+    return Shared(num_real_tokens, key.num_padded_tokens, mode, uniform)
 
 
-def own_share(dispatcher: Dispatcher, num_tokens: int, num_reqs: int, uniform: bool,
+def own_share(dispatcher: Dispatcher, num_real_tokens: int, num_real_rows: int, uniform: bool,
               captured: bool) -> tuple[Shared, int]:
     """(what this rank shares, its request count); an idle rank runs a dummy decode step of one
     request, padding rows only."""
-    if num_tokens == 0:
-        num_tokens, num_reqs, uniform = dispatcher.config.query_len, 1, True
-    return share(dispatcher, num_tokens, num_reqs, uniform, captured), num_reqs
+    if num_real_tokens == 0:
+        num_real_tokens, num_real_rows, uniform = dispatcher.config.query_len, 1, True
+    return share(dispatcher, num_real_tokens, num_real_rows, uniform, captured), num_real_rows
 
 
 def lowest(ranks: list[Shared]) -> CUDAGraphMode:
@@ -61,7 +61,7 @@ def graph_size(dispatcher: Dispatcher, ranks: list[Shared]) -> int:
     """The size every rank re-dispatches at under a graph mode: V2 the largest unpadded size, V1
     the largest padded one."""
     unpadded = dispatcher.config.rules.dp_pads_to_unpadded_max
-    return max(r.num_tokens if unpadded else r.size for r in ranks)
+    return max(r.num_real_tokens if unpadded else r.size for r in ranks)
 
 
 def graph_uniform(dispatcher: Dispatcher, own: Shared, ranks: list[Shared], size: int) -> bool:
@@ -72,26 +72,26 @@ def graph_uniform(dispatcher: Dispatcher, own: Shared, ranks: list[Shared], size
     return own.uniform and size % dispatcher.config.query_len == 0
 
 
-def runs(dispatcher: Dispatcher, ranks: list[Shared], mine: int, num_reqs: int | None
+def runs(dispatcher: Dispatcher, ranks: list[Shared], mine: int, num_real_rows: int | None
          ) -> tuple[CUDAGraphMode, BatchDescriptor]:
     """What rank `mine` runs once every rank has shared."""
     own, agreed, keeps_counts = ranks[mine], lowest(ranks), dispatcher.config.rules.dp_keeps_counts
     only = frozenset({agreed})
     if agreed is CUDAGraphMode.NONE:  # no padding across ranks: V2 unpadded, V1 at its own dispatch's size
         if keeps_counts:
-            return dispatcher.lookup(own.num_tokens, num_reqs, own.uniform, allowed_modes=only)
+            return dispatcher.lookup(own.num_real_tokens, num_real_rows, own.uniform, allowed_modes=only)
         return dispatcher.dispatch(own.size, None, False, allowed_modes=only)
     size = graph_size(dispatcher, ranks)
     uniform = graph_uniform(dispatcher, own, ranks, size)
     if keeps_counts:
-        return dispatcher.lookup(size, num_reqs, uniform)
+        return dispatcher.lookup(size, num_real_rows, uniform)
     return dispatcher.dispatch(size, None, uniform, allowed_modes=only)
 
 
 def dp_dispatch(
     dispatcher: Dispatcher, ranks: list[tuple[int, int | None, bool]]
 ) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
-    """ranks: (num_tokens, num_reqs, uniform) for each rank. Returns what each rank runs."""
+    """ranks: (num_real_tokens, num_real_rows, uniform) for each rank. Returns what each rank runs."""
     if not ranks:
         raise ValueError("data-parallel dispatch needs at least one rank")
     if len(ranks) == 1:  # no all-reduce at data-parallel size 1

@@ -18,17 +18,17 @@ ALL_RUNTIME_MODES = frozenset(RUNTIME_MODES)
 
 @dataclass(frozen=True)
 class BatchDescriptor:
-    """The key of one captured graph. num_reqs is None on relaxed (PIECEWISE) keys."""
+    """The key of one captured graph, at its padded sizes. num_padded_rows is None on relaxed (PIECEWISE) keys."""
 
-    num_tokens: int
-    num_reqs: int | None = None
+    num_padded_tokens: int
+    num_padded_rows: int | None = None
     uniform: bool = False
     has_lora: bool = False
     num_active_loras: int = 0
 
     def relaxed(self) -> "BatchDescriptor":
         """The key a PIECEWISE graph answers to: any request count, any batch kind."""
-        return replace(self, num_reqs=None, uniform=False)
+        return replace(self, num_padded_rows=None, uniform=False)
 
 
 class Dispatcher:
@@ -78,8 +78,8 @@ class Dispatcher:
         # the batch (several under dynamic speculative decoding: one per q).
         self.key_at: dict[tuple, list[BatchDescriptor]] = {}
         for mode, keys in self.keys.items():
-            for k in sorted(keys, key=lambda k: (k.num_tokens, k.num_reqs or 0)):
-                self.key_at.setdefault((mode, k.num_active_loras, k.num_tokens), []).append(k)
+            for k in sorted(keys, key=lambda k: (k.num_padded_tokens, k.num_padded_rows or 0)):
+                self.key_at.setdefault((mode, k.num_active_loras, k.num_padded_tokens), []).append(k)
         self.key_tables = {(mode, loras): PaddingTable([n for m, c, n in self.key_at if (m, c) == (mode, loras)])
                            for mode in self.keys for loras in cases}
 
@@ -107,19 +107,19 @@ class Dispatcher:
         rounded = {-(-s // q) * q for s in self.sizes}
         return sorted(s for s in rounded if s <= min(most, self.table.max_size))
 
-    def _padded_key(self, num_tokens: int, *, uniform: bool, num_active_loras: int) -> BatchDescriptor:
-        padded = self.table.padded(num_tokens)
+    def _padded_key(self, num_real_tokens: int, *, uniform: bool, num_active_loras: int) -> BatchDescriptor:
+        padded = self.table.padded(num_real_tokens)
         if uniform:
-            num_reqs = min(padded // self.config.query_len, self.config.max_num_seqs)
+            num_padded_rows = min(padded // self.config.query_len, self.config.max_num_seqs)
         else:
-            num_reqs = min(padded, self.config.max_num_seqs)
-        return BatchDescriptor(padded, num_reqs, uniform, num_active_loras > 0, num_active_loras)
+            num_padded_rows = min(padded, self.config.max_num_seqs)
+        return BatchDescriptor(padded, num_padded_rows, uniform, num_active_loras > 0, num_active_loras)
 
     def capture_keys(self) -> list[tuple[CUDAGraphMode, list[BatchDescriptor]]]:
         """What to capture, in capture order: PIECEWISE before FULL, largest first."""
         order = []
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            keys = sorted(self.keys[mode], key=lambda k: (-k.num_tokens, k.uniform, k.num_active_loras))
+            keys = sorted(self.keys[mode], key=lambda k: (-k.num_padded_tokens, k.uniform, k.num_active_loras))
             if keys:
                 order.append((mode, keys))
         return order
@@ -127,8 +127,8 @@ class Dispatcher:
     # -- dispatch ---------------------------------------------------------------------
     def dispatch(
         self,
-        num_tokens: int,
-        num_reqs: int | None = None,
+        num_real_tokens: int,
+        num_real_rows: int | None = None,
         uniform: bool = False,
         num_active_loras: int = 0,
         allowed_modes: frozenset[CUDAGraphMode] = ALL_RUNTIME_MODES,
@@ -141,71 +141,71 @@ class Dispatcher:
         smallest PIECEWISE key, then NONE. Above the max size the batch runs eager and unpadded,
         under the trivial key (V1) or a key that keeps the request and adapter counts (V2).
         """
-        self._check_batch(num_tokens, num_reqs, uniform)
-        return self.lookup(num_tokens, num_reqs, uniform, num_active_loras, allowed_modes)
+        self._check_batch(num_real_tokens, num_real_rows, uniform)
+        return self.lookup(num_real_tokens, num_real_rows, uniform, num_active_loras, allowed_modes)
 
-    def lookup(self, num_tokens: int, num_reqs: int | None, uniform: bool, num_active_loras: int = 0,
+    def lookup(self, num_real_tokens: int, num_real_rows: int | None, uniform: bool, num_active_loras: int = 0,
                allowed_modes: frozenset[CUDAGraphMode] = ALL_RUNTIME_MODES) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """dispatch() without checking that the counts describe one batch: data-parallel ranks
         re-dispatch their own request count at another rank's token count (data_parallel.py)."""
         loras, rules = effective_active_loras(self.config, num_active_loras), self.config.rules
         if not rules.eager_key_keeps_counts:
-            unpadded = BatchDescriptor(num_tokens)  # vLLM's trivial key: an eager step is not keyed
+            unpadded = BatchDescriptor(num_real_tokens)  # vLLM's trivial key: an eager step is not keyed
         else:
-            if num_reqs is None:  # V2 always knows the count; unsaid, it is the most the batch can hold
-                num_reqs = num_tokens // self.config.query_len if uniform else min(num_tokens, self.config.max_num_seqs)
-            unpadded = BatchDescriptor(num_tokens, num_reqs, False, loras > 0, loras)
+            if num_real_rows is None:  # V2 always knows the count; unsaid, it is the most the batch can hold
+                num_real_rows = num_real_tokens // self.config.query_len if uniform else min(num_real_tokens, self.config.max_num_seqs)
+            unpadded = BatchDescriptor(num_real_tokens, num_real_rows, False, loras > 0, loras)
         if (
             not self.keys_initialized
             or self.mode is CUDAGraphMode.NONE
-            or num_tokens > self.table.max_size
+            or num_real_tokens > self.table.max_size
             or allowed_modes <= {CUDAGraphMode.NONE}
         ):
             return CUDAGraphMode.NONE, unpadded
         if rules.smallest_key_that_holds:
-            batch_q = self._batch_query_len(num_tokens, num_reqs)
+            batch_q = self._batch_query_len(num_real_tokens, num_real_rows)
             for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
-                for key in self._smallest_keys(mode, num_tokens, loras) if mode in allowed_modes else ():
-                    if _holds(key, batch_q, num_reqs, uniform):
+                for key in self._smallest_keys(mode, num_real_tokens, loras) if mode in allowed_modes else ():
+                    if _holds(key, batch_q, num_real_rows, uniform):
                         return mode, key
         else:
-            key = self._padded_key(num_tokens, uniform=uniform and self.mode.separate_routine(), num_active_loras=loras)
+            key = self._padded_key(num_real_tokens, uniform=uniform and self.mode.separate_routine(), num_active_loras=loras)
             if CUDAGraphMode.FULL in allowed_modes and key in self.keys[CUDAGraphMode.FULL]:
                 return CUDAGraphMode.FULL, key
             if CUDAGraphMode.PIECEWISE in allowed_modes and key.relaxed() in self.keys[CUDAGraphMode.PIECEWISE]:
                 return CUDAGraphMode.PIECEWISE, key.relaxed()
         if CUDAGraphMode.NONE not in allowed_modes:
             allowed = ", ".join(sorted(m.name for m in allowed_modes))
-            raise ValueError(f"no captured graph for {num_tokens} tokens among allowed modes {{{allowed}}}, "
+            raise ValueError(f"no captured graph for {num_real_tokens} tokens among allowed modes {{{allowed}}}, "
                              "and NONE is not allowed")
         return CUDAGraphMode.NONE, unpadded
 
-    def _batch_query_len(self, num_tokens: int, num_reqs: int) -> int:
+    def _batch_query_len(self, num_real_tokens: int, num_real_rows: int) -> int:
         """The q a uniform batch's requests bring: the config's, or under a dynamic speculative
         schedule the one of its q's that its counts give (vLLM passes it as uniform_token_count)."""
         for q in self.decode_query_lens[:-1]:
-            if num_tokens == q * num_reqs:
+            if num_real_tokens == q * num_real_rows:
                 return q
         return self.decode_query_lens[-1]
 
-    def _smallest_keys(self, mode: CUDAGraphMode, num_tokens: int, loras: int) -> list[BatchDescriptor]:
-        """V2: the keys of `mode` at the smallest size of that mode's keys that holds num_tokens."""
+    def _smallest_keys(self, mode: CUDAGraphMode, num_real_tokens: int, loras: int) -> list[BatchDescriptor]:
+        """V2: the keys of `mode` at the smallest size of that mode's keys that holds num_real_tokens."""
         table = self.key_tables.get((mode, loras))
-        size = table.padded(num_tokens) if table is not None else None
+        size = table.padded(num_real_tokens) if table is not None else None
         return [] if size is None else self.key_at[(mode, loras, size)]
 
-    def _check_batch(self, num_tokens: int, num_reqs: int | None, uniform: bool) -> None:
+    def _check_batch(self, num_real_tokens: int, num_real_rows: int | None, uniform: bool) -> None:
         # More requests than max_num_seqs is a batch vLLM dispatches too (no key holds it: PIECEWISE
         # or eager), so only the counts' own consistency is checked.
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if num_reqs is not None and not 1 <= num_reqs <= num_tokens:
-            raise ValueError(f"num_reqs must be in 1..num_tokens = 1..{num_tokens}, got {num_reqs}")
-        if uniform and num_reqs is not None and num_tokens not in {num_reqs * q for q in self.decode_query_lens}:
+        if num_real_tokens < 1:
+            raise ValueError(f"num_real_tokens must be >= 1, got {num_real_tokens}")
+        if num_real_rows is not None and not 1 <= num_real_rows <= num_real_tokens:
+            raise ValueError(f"num_real_rows must be in 1..num_real_tokens = 1..{num_real_tokens}, got {num_real_rows}")
+        if uniform and num_real_rows is not None and num_real_tokens not in {num_real_rows * q for q in self.decode_query_lens}:
             qs = "q" if len(self.decode_query_lens) == 1 else f"q in {self.decode_query_lens}"
             raise ValueError(
-                f"a uniform decode batch has num_tokens = {qs} * num_reqs = "
-                f"{' or '.join(str(q) for q in self.decode_query_lens)} * {num_reqs}, got num_tokens={num_tokens}"
+                f"a uniform decode batch has num_real_tokens = {qs} * num_real_rows = "
+                f"{' or '.join(str(q) for q in self.decode_query_lens)} * {num_real_rows}, got num_real_tokens={num_real_tokens}"
             )
 
 
@@ -241,9 +241,9 @@ def is_uniform_decode(query_lens, query_len: int, *, has_prefill: bool = False, 
     return count == query_len
 
 
-def _holds(key: BatchDescriptor, batch_query_len: int, num_reqs: int, uniform: bool) -> bool:
+def _holds(key: BatchDescriptor, batch_query_len: int, num_real_rows: int, uniform: bool) -> bool:
     """V2's compatibility test: a uniform-decode key takes only uniform batches of its own q, and a
     key with a request count takes at most that many requests."""
-    if key.uniform and not (uniform and key.num_tokens == batch_query_len * key.num_reqs):
+    if key.uniform and not (uniform and key.num_padded_tokens == batch_query_len * key.num_padded_rows):
         return False
-    return key.num_reqs is None or key.num_reqs >= num_reqs
+    return key.num_padded_rows is None or key.num_padded_rows >= num_real_rows

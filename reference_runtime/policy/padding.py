@@ -33,12 +33,12 @@ class PaddingTable:
         for n in range(1, self.max_size + 1):
             self._padded[n] = self.sizes[bisect.bisect_left(self.sizes, n)]
 
-    def padded(self, num_tokens: int) -> int | None:
-        if num_tokens < 1:
-            raise ValueError(f"a batch has at least 1 token, got {num_tokens}")
-        if num_tokens > self.max_size:
+    def padded(self, num_real_tokens: int) -> int | None:
+        if num_real_tokens < 1:
+            raise ValueError(f"a batch has at least 1 token, got {num_real_tokens}")
+        if num_real_tokens > self.max_size:
             return None
-        return self._padded[num_tokens]
+        return self._padded[num_real_tokens]
 
-    def pad(self, num_tokens: int) -> Padding:
-        return Padding(num_tokens, self.padded(num_tokens))
+    def pad(self, num_real_tokens: int) -> Padding:
+        return Padding(num_real_tokens, self.padded(num_real_tokens))

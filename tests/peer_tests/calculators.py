@@ -19,6 +19,13 @@ from reference_runtime import policy
 from reference_runtime.policy.resolve import config_time_mode
 
 KEY_FIELDS = ("num_tokens", "num_reqs", "uniform", "has_lora", "num_active_loras")
+# vLLM's tests name a key's sizes as vLLM's BatchDescriptor does; ours name them as padded.
+VLLM_NAMES = {"num_padded_tokens": "num_tokens", "num_padded_rows": "num_reqs"}
+
+
+def key_fields(key) -> dict:
+    """A graph key's fields under vLLM's names, as its tests write them."""
+    return {VLLM_NAMES.get(name, name): value for name, value in asdict(key).items()}
 
 
 def sizes_of(value) -> tuple[int, ...] | None:
@@ -60,23 +67,23 @@ class Calculator:
         return {mode.name: len(found) for mode, found in keys.items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode.name: {k.num_tokens for k in found} for mode, found in self.dispatcher(config).keys.items()}
+        return {mode.name: {k.num_padded_tokens for k in found} for mode, found in self.dispatcher(config).keys.items()}
 
     def full_decode_keys(self, config: dict) -> list[dict]:
-        return [asdict(k) for k in self.dispatcher(config).keys[policy.CUDAGraphMode.FULL] if k.uniform]
+        return [key_fields(k) for k in self.dispatcher(config).keys[policy.CUDAGraphMode.FULL] if k.uniform]
 
     def decode_query_lens(self, config: dict) -> list[int]:
         return self.dispatcher(config).decode_query_lens
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
-        return [(mode.name, [asdict(k) for k in keys]) for mode, keys in self.dispatcher(config, initialized).capture_keys()]
+        return [(mode.name, [key_fields(k) for k in keys]) for mode, keys in self.dispatcher(config, initialized).capture_keys()]
 
-    def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
+    def dispatch(self, config: dict, num_real_tokens: int, num_real_rows: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(policy.CUDAGraphMode[m] for m in allowed_modes) if allowed_modes else \
             frozenset(policy.CUDAGraphMode[m] for m in protocol.RUNTIME_MODES)
-        mode, key = self.dispatcher(config).dispatch(num_tokens, num_reqs, uniform, 0, allowed)
-        return mode.name, asdict(key)
+        mode, key = self.dispatcher(config).dispatch(num_real_tokens, num_real_rows, uniform, 0, allowed)
+        return mode.name, key_fields(key)
 
     def dispatcher_refuses(self, mode: str, piecewise_capture: bool) -> bool:
         try:
@@ -128,9 +135,10 @@ class Calculator025(Calculator):
     release = "0.25"
 
     def _oracle_config(self, config: dict) -> protocol.PolicyConfig:
-        config = {k: v for k, v in config.items() if k != "speculative_schedule"}  # the oracle takes its q apart
-        return protocol.PolicyConfig(**{**config, "capture_sizes": sizes_of(config.get("capture_sizes")),
-                                        "vllm_version": self.release})
+        fields = {name: value for name, value in config.items()
+                  if name not in ("runner", "speculative_schedule")}  # vLLM's words; the oracle takes its q apart
+        return protocol.PolicyConfig(**{**fields, "capture_sizes": sizes_of(config.get("capture_sizes")),
+                                        "rules": f"vllm-{self.release}/{config.get('runner', 'v2')}"})
 
     def decode_query_lens(self, config: dict) -> list[int]:
         """The q of every decode graph: under a dynamic speculative schedule, 0.25's every scheduled q."""
@@ -150,21 +158,21 @@ class Calculator025(Calculator):
         return {mode: len(keys) for mode, keys in self._graph_keys(config).items()}
 
     def key_sizes(self, config: dict) -> dict[str, set[int]]:
-        return {mode: {k.num_tokens for k in keys} for mode, keys in self._graph_keys(config).items()}
+        return {mode: {k.num_padded_tokens for k in keys} for mode, keys in self._graph_keys(config).items()}
 
     def capture_order(self, config: dict, initialized: bool = True) -> list[tuple[str, list[dict]]]:
         if not initialized:
             return []
         keys = self._graph_keys(config)
-        return [(mode, [asdict(k) for k in sorted(keys[mode], key=lambda k: -k.num_tokens)])
+        return [(mode, [key_fields(k) for k in sorted(keys[mode], key=lambda k: -k.num_padded_tokens)])
                 for mode in ("PIECEWISE", "FULL") if keys[mode]]
 
-    def dispatch(self, config: dict, num_tokens: int, num_reqs: int | None, uniform: bool,
+    def dispatch(self, config: dict, num_real_tokens: int, num_real_rows: int | None, uniform: bool,
                  allowed_modes: tuple[str, ...] | None) -> tuple[str, dict]:
         allowed = frozenset(allowed_modes or protocol.RUNTIME_MODES)
-        found = oracle.dispatch(self._oracle_config(config), num_tokens, num_reqs, uniform, 0, allowed,
+        found = oracle.dispatch(self._oracle_config(config), num_real_tokens, num_real_rows, uniform, 0, allowed,
                                 self._decode_lens(config))
-        return found.runtime_mode, asdict(found.descriptor)
+        return found.runtime_mode, key_fields(found.descriptor)
 
 
 class SglangCalculator:
@@ -179,12 +187,12 @@ class SglangCalculator:
                       capture_bs=tuple(graphs.get("capture_bs", (1,))), prefill_mode=graphs["prefill_mode"],
                       prefill_tokens=tuple(graphs["prefill_tokens"]), prefill_slots=graphs.get("prefill_slots"))
 
-    def prefill(self, graphs: dict, num_tokens: int, num_reqs: int) -> tuple[str, int | None]:
+    def prefill(self, graphs: dict, num_real_tokens: int, num_real_rows: int) -> tuple[str, int | None]:
         """(runtime mode, the graph's token count or None) for an extend batch."""
         from cudagraph_sglang_policy.runtime import _prefill
 
-        found = _prefill(self.graphs(graphs), num_tokens, num_reqs)
-        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+        found = _prefill(self.graphs(graphs), num_real_tokens, num_real_rows)
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_padded_tokens
 
 
 class LmdeployCalculator:
@@ -210,7 +218,7 @@ class LmdeployCalculator:
     def dispatch(self, config: dict, batch_size: int) -> tuple[str, int | None]:
         """A decode batch of batch_size requests, one token each: (runtime mode, graph size or None)."""
         found = self.policy.dispatch(self.config(config), batch_size, batch_size, True)
-        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_tokens
+        return found.runtime_mode, None if found.runtime_mode == "NONE" else found.descriptor.num_padded_tokens
 
 
 CALCULATORS = {"0.33": Calculator, "0.25": Calculator025, SglangCalculator.release: SglangCalculator,

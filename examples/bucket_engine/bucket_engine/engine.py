@@ -80,8 +80,8 @@ class BucketEngine:
         self.last_size = 0
 
     # -- the forward, over the static buffers -----------------------------------------------------
-    def forward(self, n: int) -> torch.Tensor:
-        ids, positions, slots, rows = (self.inputs[name][:n] for name in INPUTS)
+    def forward(self, num_padded_tokens: int) -> torch.Tensor:
+        ids, positions, slots, rows = (self.inputs[name][:num_padded_tokens] for name in INPUTS)
 
         def attention(layer, q, k, v):
             return self.attend(layer, q, k, v, slots, rows, positions)
@@ -148,31 +148,31 @@ class BucketEngine:
     # -- steps ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, requests, padding_fill: str | None = None) -> StepResult:
-        n = sum(len(r.token_ids) for r in requests)
-        size = self.bucket(n, len(requests), self.is_uniform(requests))
+        num_real_tokens = sum(len(r.token_ids) for r in requests)
+        size = self.bucket(num_real_tokens, len(requests), self.is_uniform(requests))
         graph = self.graphs.get(size)  # None where the batch runs eager, and before capture
-        self.load(requests, size if graph else n, padding_fill)
+        self.load(requests, size if graph else num_real_tokens, padding_fill)
         with self.poisoned_sink(padding_fill):
             if graph is None:
-                return StepResult(self.forward(n), "NONE", n, n)  # a fresh tensor, no graph buffer
+                return StepResult(self.forward(num_real_tokens), "NONE", num_real_tokens, num_real_tokens)  # a fresh tensor, no graph buffer
             self.check_addresses()
             graph[0].replay()
-            return StepResult(graph[1][:n].clone(), "FULL", n, size)
+            return StepResult(graph[1][:num_real_tokens].clone(), "FULL", num_real_tokens, size)
 
     def is_uniform(self, requests) -> bool:
         """A decode (or verify) batch: every request brings q tokens, new requests included."""
         return bool(requests) and all(len(r.token_ids) == self.q for r in requests)
 
-    def bucket(self, num_tokens: int, num_reqs: int, uniform: bool) -> int | None:
+    def bucket(self, num_real_tokens: int, num_real_rows: int, uniform: bool) -> int | None:
         """The graph a batch runs in, by its engine's own dispatch; None: eager."""
-        chosen = policy.dispatch(self.policy, num_tokens, num_reqs, uniform)
-        return chosen.descriptor.num_tokens if chosen.runtime_mode == "FULL" else None
+        chosen = policy.dispatch(self.policy, num_real_tokens, num_real_rows, uniform)
+        return chosen.descriptor.num_padded_tokens if chosen.runtime_mode == "FULL" else None
 
     @torch.inference_mode()
-    def eager_step(self, requests, padded_num_tokens: int) -> StepResult:
-        n = sum(len(r.token_ids) for r in requests)
-        self.load(requests, padded_num_tokens)
-        return StepResult(self.forward(padded_num_tokens)[:n].clone(), "NONE", n, padded_num_tokens)
+    def eager_step(self, requests, num_padded_tokens: int) -> StepResult:
+        num_real_tokens = sum(len(r.token_ids) for r in requests)
+        self.load(requests, num_padded_tokens)
+        return StepResult(self.forward(num_padded_tokens)[:num_real_tokens].clone(), "NONE", num_real_tokens, num_padded_tokens)
 
     def load(self, requests, size: int, padding_fill: str | None = None) -> None:
         """Copy a step's rows into the static buffers, padded to size."""

@@ -53,19 +53,19 @@ def capture_sizes(config: PolicyConfig) -> list[int]:
     return [s for s in sizes if config.max_capture_size is None or s <= config.max_capture_size]
 
 
-def padded_size(config: PolicyConfig, num_tokens: int) -> int | None:
-    """The smallest bucket that holds num_tokens; None above the largest (the batch runs eager)."""
+def padded_size(config: PolicyConfig, num_real_tokens: int) -> int | None:
+    """The smallest bucket that holds num_real_tokens; None above the largest (the batch runs eager)."""
     sizes = capture_sizes(config)
-    index = bisect.bisect_left(sizes, num_tokens)
+    index = bisect.bisect_left(sizes, num_real_tokens)
     return sizes[index] if index < len(sizes) else None
 
 
-def dispatch(config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False) -> Dispatch:
+def dispatch(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False) -> Dispatch:
     """FULL at the padded size where the batch's routine is FULL and a bucket holds it, else eager."""
     routine = ROUTINES[config.mode][0 if uniform else 1]
-    size = padded_size(config, num_tokens) if routine == "FULL" else None
+    size = padded_size(config, num_real_tokens) if routine == "FULL" else None
     if size is None:
-        return Dispatch("NONE", Descriptor(num_tokens))
+        return Dispatch("NONE", Descriptor(num_real_tokens))
     return Dispatch("FULL", Descriptor(size))
 
 

@@ -29,11 +29,11 @@ class BucketRuntime:
     def capture_sizes(self, config: PolicyConfig) -> list[int]:
         return policy.capture_sizes(config)
 
-    def padded_size(self, config: PolicyConfig, num_tokens: int) -> int | None:
-        return policy.padded_size(config, num_tokens)
+    def padded_size(self, config: PolicyConfig, num_real_tokens: int) -> int | None:
+        return policy.padded_size(config, num_real_tokens)
 
-    def dispatch(self, config: PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False):
-        return policy.dispatch(config, num_tokens, num_reqs, uniform)
+    def dispatch(self, config: PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False):
+        return policy.dispatch(config, num_real_tokens, num_real_rows, uniform)
 
     def resolve_mode(self, request: ResolveRequest):
         # vLLM's compilation options (attention_in_splitting_ops, ...) do not exist here.

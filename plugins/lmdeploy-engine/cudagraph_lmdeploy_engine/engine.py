@@ -185,16 +185,16 @@ class LmdeployEngine(ScheduledEngine):
         return self._eager_runners[size]
 
     # -- steps --------------------------------------------------------------------------------
-    def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
+    def eager_step(self, requests, num_padded_tokens: int) -> p.StepResult:
         requests = list(requests)
         tokens = sum(len(r.token_ids) for r in requests)
         decode = bool(requests) and all(len(r.token_ids) == 1 for r in requests)
         limit = self.requests.max_tokens
-        if not tokens <= padded_num_tokens <= limit or (padded_num_tokens != tokens and not decode):
-            raise ValueError(f"eager_step at {padded_num_tokens} tokens for a step of {tokens}: it must hold the step, "
+        if not tokens <= num_padded_tokens <= limit or (num_padded_tokens != tokens and not decode):
+            raise ValueError(f"eager_step at {num_padded_tokens} tokens for a step of {tokens}: it must hold the step, "
                              f"stay within max_num_batched_tokens={limit}, and pad only a decode step (one token a "
                              "request): LMDeploy runs every other step unpadded")
-        return self._forward_step(requests, eager_size=padded_num_tokens)
+        return self._forward_step(requests, eager_size=num_padded_tokens)
 
     # ScheduledEngine's step: plan, LMDeploy's forward on ModelInputs, logits read back, checked.
     def guarded(self):

@@ -125,17 +125,17 @@ class LmdeployPolicy:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return self.sizes(config)
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        return padded(self.sizes(config), num_tokens)
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
+        return padded(self.sizes(config), num_real_tokens)
 
-    def dispatch(self, config: p.PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+    def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
         if num_active_loras:
             raise ValueError("this runtime loads no LoRA adapters: num_active_loras must be 0")
         # A uniform batch (one token a request) is what this runtime sends LMDeploy as a decoding step.
-        size = padded(self.sizes(config), num_tokens) if uniform else None
+        size = padded(self.sizes(config), num_real_tokens) if uniform else None
         if size is None:
-            return p.Dispatch("NONE", p.Descriptor(num_tokens))
+            return p.Dispatch("NONE", p.Descriptor(num_real_tokens))
         return p.Dispatch("FULL", p.Descriptor(size, size, True))
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:

@@ -66,7 +66,7 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
             outputs_alias_graph_buffers=False, precision=settings.DTYPE,
             # fill_buffers_cudagraph (lmdeploy/pytorch/models/utils/cudagraph.py) draws every padded
             # row's token id anew each step: "Random padding balances MoE routing".
-            random_padding_ids=True,
+            declarations={"random_padding_ids": True}, rules=f"lmdeploy-{LMDEPLOY_VERSION}",
             notes=NOTES.format(lmdeploy=lmdeploy.__version__, dtype=settings.DTYPE),
         )
         self.engines_built = 0

@@ -30,7 +30,7 @@ STEPS = 8
 def step_details(engine, out) -> dict:
     """What LMDeploy's graph runner decided for the last step; `_` names go to the JSON line only."""
     record, inputs = engine.last, engine.last_step_inputs()
-    pad = slice(out.num_tokens, out.padded_num_tokens)
+    pad = slice(out.num_real_tokens, out.num_padded_tokens)
     return {"decoding": record.decoding, "offered": record.offered, "declined": record.declined, "key": record.key,
             "_replayed_key": record.replayed_key, "_padded_token_ids": inputs.token_ids[pad].tolist(),
             "_padded_positions": inputs.positions[pad].tolist(), "_slot_mapping": inputs.slot_mapping.tolist()}

@@ -64,11 +64,11 @@ def test_steps_report_what_lmdeploy_ran_and_match_transformers(runtime, engine, 
         expected = runtime.dispatch(policy, n, n, True)  # the runtime's own policy for n decode requests
         requests = decode_requests(seqs[:n])
         out, launches = step_counted(engine, requests)
-        assert (out.runtime_mode, out.padded_num_tokens, launches) == ("FULL", expected.descriptor.num_tokens, 1)
+        assert (out.runtime_mode, out.num_padded_tokens, launches) == ("FULL", expected.descriptor.num_padded_tokens, 1)
         assert float((out.logits.float().cpu() - anchor.step(requests, history)).abs().max()) <= TOLERANCE["float16"]
-        same_engine = engine.eager_step(requests, out.padded_num_tokens)
-        other_engine = eager_engine.eager_step(requests, out.padded_num_tokens)
-        assert (same_engine.runtime_mode, same_engine.padded_num_tokens) == ("NONE", out.padded_num_tokens)
+        same_engine = engine.eager_step(requests, out.num_padded_tokens)
+        other_engine = eager_engine.eager_step(requests, out.num_padded_tokens)
+        assert (same_engine.runtime_mode, same_engine.num_padded_tokens) == ("NONE", out.num_padded_tokens)
         assert torch.equal(out.logits, same_engine.logits) and torch.equal(out.logits, other_engine.logits)
         advance(seqs, requests)
     for s in seqs:
@@ -83,7 +83,7 @@ def test_kv_slots_are_the_ones_lmdeploy_wrote_and_padded_rows_write_its_sink(eng
     assert bool(snapshot[written].abs().sum(dim=1).gt(0).all())
     out = engine.step(decode_requests(seqs))  # 3 requests, padded to 4
     inputs = engine.last_step_inputs()
-    assert out.padded_num_tokens == 4 and inputs.slot_mapping[3].item() == inputs.padding_slot
+    assert out.num_padded_tokens == 4 and inputs.slot_mapping[3].item() == inputs.padding_slot
     assert inputs.slot_mapping[:3].tolist() == [engine.slot_of(s.request_id, s.context_len) for s in seqs]
     for s in seqs:
         engine.release(s.request_id)

@@ -35,10 +35,10 @@ def test_user_sizes_keep_those_up_to_the_max_and_add_it():
 
 def test_only_decode_batches_get_graphs_keyed_by_their_padded_batch():
     config = PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64, mode=FDO)
-    assert POLICY.dispatch(config, 3, 3, True).descriptor.num_tokens == 4
-    assert POLICY.dispatch(config, 3, 3, True).descriptor.num_reqs == 4
+    assert POLICY.dispatch(config, 3, 3, True).descriptor.num_padded_tokens == 4
+    assert POLICY.dispatch(config, 3, 3, True).descriptor.num_padded_rows == 4
     assert POLICY.dispatch(config, 3, 2, False).runtime_mode == "NONE"
-    assert POLICY.dispatch(config, 3, 2, False).descriptor.num_tokens == 3
+    assert POLICY.dispatch(config, 3, 2, False).descriptor.num_padded_tokens == 3
     assert POLICY.dispatch(config, 9, 9, True).runtime_mode == "NONE"  # above max_batch_size: eager (LMDeploy asserts)
     assert POLICY.dispatch(PolicyConfig(max_num_seqs=8, mode="NONE"), 3, 3, True).runtime_mode == "NONE"
 

@@ -170,18 +170,18 @@ class SglangPolicyRuntime:
         graphs = self._graphs(config)
         return [bs * graphs.q for bs in graphs.capture_bs]
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
-        """A decode step of num_tokens: the graph of the smallest batch size that holds it."""
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
+        """A decode step of num_real_tokens: the graph of the smallest batch size that holds it."""
         graphs = self._graphs(config)
-        return padded([bs * graphs.q for bs in graphs.capture_bs], num_tokens)
+        return padded([bs * graphs.q for bs in graphs.capture_bs], num_real_tokens)
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         if num_active_loras:
             raise ValueError("sglang-policy does not model LoRA graphs (capability lora is off)")
         graphs = self._graphs(config)
         if uniform:
-            return _decode(graphs, num_tokens, num_reqs if num_reqs is not None else num_tokens // graphs.q)
-        return _prefill(graphs, num_tokens, num_reqs if num_reqs is not None else min(num_tokens, config.max_num_seqs))
+            return _decode(graphs, num_real_tokens, num_real_rows if num_real_rows is not None else num_real_tokens // graphs.q)
+        return _prefill(graphs, num_real_tokens, num_real_rows if num_real_rows is not None else min(num_real_tokens, config.max_num_seqs))
 
 
 # -- the runner rules, reproduced from SGLang's source ------------------------------------------
@@ -200,27 +200,27 @@ def _capture_bs(decode_bs, pool_size: int) -> list[int]:
     return capture_bs
 
 
-def _decode(graphs: Graphs, num_tokens: int, num_reqs: int) -> p.Dispatch:
+def _decode(graphs: Graphs, num_real_tokens: int, num_real_rows: int) -> p.Dispatch:
     """DecodeCudaGraphRunner.can_run_graph and load_batch (model_executor/runner/
     decode_cuda_graph_runner.py): a batch of bs requests replays when bs <= max_bs, at the
     bucket of its batch size; the graph runs bucket x q tokens and is keyed by the bucket."""
-    eager = p.Dispatch("NONE", p.Descriptor(num_tokens))
-    if graphs.decode_mode == "NONE" or not graphs.capture_bs or num_reqs > graphs.capture_bs[-1]:
+    eager = p.Dispatch("NONE", p.Descriptor(num_real_tokens))
+    if graphs.decode_mode == "NONE" or not graphs.capture_bs or num_real_rows > graphs.capture_bs[-1]:
         return eager
-    bs = padded(graphs.capture_bs, num_reqs)
+    bs = padded(graphs.capture_bs, num_real_rows)
     return p.Dispatch(graphs.decode_mode, p.Descriptor(bs * graphs.q, bs, True))
 
 
-def _prefill(graphs: Graphs, num_tokens: int, num_reqs: int) -> p.Dispatch:
+def _prefill(graphs: Graphs, num_real_tokens: int, num_real_rows: int) -> p.Dispatch:
     """PrefillCudaGraphRunner.can_replay_locally (model_executor/runner/prefill_cuda_graph_runner.py):
     full graphs take at most their request slots; the batch must fit the largest token bucket,
     and the bucket it pads to may be at most twice its tokens; keyed by the token bucket."""
-    eager = p.Dispatch("NONE", p.Descriptor(num_tokens))
-    if graphs.prefill_mode == "NONE" or not graphs.prefill_tokens or num_tokens > graphs.prefill_tokens[-1]:
+    eager = p.Dispatch("NONE", p.Descriptor(num_real_tokens))
+    if graphs.prefill_mode == "NONE" or not graphs.prefill_tokens or num_real_tokens > graphs.prefill_tokens[-1]:
         return eager
-    if graphs.prefill_slots is not None and num_reqs > graphs.prefill_slots:
+    if graphs.prefill_slots is not None and num_real_rows > graphs.prefill_slots:
         return eager
-    bucket = padded(graphs.prefill_tokens, num_tokens)
-    if bucket > num_tokens * MAX_PREFILL_PADDING_FACTOR:
+    bucket = padded(graphs.prefill_tokens, num_real_tokens)
+    if bucket > num_real_tokens * MAX_PREFILL_PADDING_FACTOR:
         return eager
     return p.Dispatch(graphs.prefill_mode, p.Descriptor(bucket, graphs.prefill_slots, False))

@@ -264,7 +264,7 @@ class StaticCacheEngine:
             self.compiled, self.compiled_eager = trees.compile_pair(self._forward_static)
         return self.compiled, self.compiled_eager
 
-    def eager_step(self, requests, padded_num_tokens):
+    def eager_step(self, requests, num_padded_tokens):
         from harness.protocol import StepResult
 
         with torch.inference_mode():

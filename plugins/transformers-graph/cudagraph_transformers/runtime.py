@@ -56,9 +56,9 @@ class _TransformersRuntime:
             return []
         return [config.max_num_seqs]
 
-    def padded_size(self, config, num_tokens):
+    def padded_size(self, config, num_real_tokens):
         sizes = self.capture_sizes(config)
-        return sizes[0] if sizes and num_tokens <= sizes[0] else None
+        return sizes[0] if sizes and num_real_tokens <= sizes[0] else None
 
     def resolve(self, requested: str) -> Resolution:
         resolved = self.modes.get(requested, "NONE")

@@ -166,14 +166,14 @@ class VllmEngine(ScheduledEngine):
         return graph_descriptors(self.manager)
 
     # -- steps --------------------------------------------------------------------------------
-    def eager_step(self, requests, padded_num_tokens: int) -> p.StepResult:
+    def eager_step(self, requests, num_padded_tokens: int) -> p.StepResult:
         requests = list(requests)
         tokens = sum(len(r.token_ids) for r in requests)
         limit = self.vllm_config.scheduler_config.max_num_batched_tokens
-        if not tokens <= padded_num_tokens <= limit:
-            raise ValueError(f"eager_step at {padded_num_tokens} tokens: it must hold the step's {tokens} tokens and "
+        if not tokens <= num_padded_tokens <= limit:
+            raise ValueError(f"eager_step at {num_padded_tokens} tokens: it must hold the step's {tokens} tokens and "
                              f"fit vLLM's static buffers of max_num_batched_tokens={limit}")
-        return self._forward_step(requests, eager_size=padded_num_tokens)
+        return self._forward_step(requests, eager_size=num_padded_tokens)
 
     # ScheduledEngine's step: plan, the scheduler's output, vLLM's forward, logits read back, checked.
     @contextmanager

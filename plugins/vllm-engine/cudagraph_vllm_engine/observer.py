@@ -79,8 +79,9 @@ class StepObserver:
         eager = type(desc.cg_mode).NONE  # vLLM's CUDAGraphMode, taken from the descriptor itself
         size = self.eager_size
         # None: no request padding (the model runner then uses the real request count).
-        num_reqs = desc.num_reqs if desc.cg_mode != eager and desc.num_tokens == size else None
-        return dataclasses.replace(desc, cg_mode=eager, num_tokens=size, num_reqs=num_reqs, uniform_token_count=None)
+        rows = desc.num_reqs if desc.cg_mode != eager and desc.num_tokens == size else None
+        return dataclasses.replace(desc, cg_mode=eager, num_tokens=size, num_reqs=rows,  # vLLM's own names
+                                   uniform_token_count=None)
 
     def _inputs(self, input_batch, slot_mappings, block_tables) -> None:
         import torch

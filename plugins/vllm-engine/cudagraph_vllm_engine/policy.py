@@ -32,7 +32,7 @@ class Answer:
 
 
 def check_version(version: str) -> None:
-    """This runtime declares vLLM 0.25's rules (Capabilities.vllm_version): another release would
+    """This runtime declares vLLM 0.25's rules (Capabilities.rules): another release would
     answer with rules of its own under that declaration."""
     if not (version == VERSION or version.startswith(VERSION + ".")):
         raise RuntimeError(f"this runtime declares vLLM {VERSION}'s graph policy and answers with vLLM's own code, "
@@ -84,11 +84,11 @@ def as_dispatch(desc) -> p.Dispatch:
                                                       desc.uniform_token_count is not None, loras > 0, loras))
 
 
-def num_reqs_of(config: p.PolicyConfig, num_tokens: int, num_reqs: int | None, uniform: bool) -> int:
+def num_reqs_of(config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None, uniform: bool) -> int:
     """V2 dispatches with a request count; the protocol's None is the most the batch can hold."""
-    if num_reqs is not None:
-        return num_reqs
-    return num_tokens // config.query_len if uniform else min(num_tokens, config.max_num_seqs)
+    if num_real_rows is not None:
+        return num_real_rows
+    return num_real_tokens // config.query_len if uniform else min(num_real_tokens, config.max_num_seqs)
 
 
 class VllmPolicy:
@@ -114,18 +114,18 @@ class VllmPolicy:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return list(self.answer(config).sizes)
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         """V2 keeps no padding table: its mixed routine pads to the smallest capture size that holds the batch."""
-        return padded(self.answer(config).sizes, num_tokens)
+        return padded(self.answer(config).sizes, num_real_tokens)
 
-    def dispatch(self, config: p.PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+    def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
         """CudaGraphManager.dispatch as GPUModelRunner.execute_model calls it: a uniform batch brings its
         token count per request (q); V2 calls a batch uniform when every request brings the same count,
         and only a count of q can match a decode graph, so that is the harness's `uniform`."""
         manager = self.answer(config).dispatcher
         q = config.query_len
-        desc = manager.dispatch(num_reqs_of(config, num_tokens, num_reqs, uniform), num_tokens, q if uniform else None,
+        desc = manager.dispatch(num_reqs_of(config, num_real_tokens, num_real_rows, uniform), num_real_tokens, q if uniform else None,
                                 num_active_loras)
         return as_dispatch(desc)
 

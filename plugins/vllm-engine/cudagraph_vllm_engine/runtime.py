@@ -76,10 +76,10 @@ class VllmEnginePolicyRuntime(_Policy):
             stand_in_for_an_h200()
         self.policy = VllmPolicy()
         with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(vllm_version=VERSION))  # imported (vllm/env_override.py): here, not in a test
+            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
         self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner, policy only)"
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
             lora=True, speculative=True, notes=POLICY_NOTES.format(vllm=vllm.__version__))
 
 
@@ -100,11 +100,11 @@ class VllmEngineRuntime(_Policy):
         check_version(vllm.__version__)
         self.policy = VllmPolicy()
         with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(vllm_version=VERSION))  # imported (vllm/env_override.py): here, not in a test
+            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
         self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, vllm_policy=True, vllm_version=VERSION,
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
             lora=True, speculative=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         f"{torch.cuda.get_device_name(0)}")
     log("runtime", f"capabilities: {runtime.capabilities.summary()}")
     with settings.timed("smoke: policy questions with speculative tokens (vLLM inspects the EAGLE draft once)"):
-        sizes = runtime.capture_sizes(PolicyConfig(max_num_seqs=32, num_speculative_tokens=1, vllm_version="0.25"))
+        sizes = runtime.capture_sizes(PolicyConfig(max_num_seqs=32, num_speculative_tokens=1, rules="vllm-0.25/v2"))
     log("policy", f"policy: q = 2, max_num_seqs 32: {len(sizes)} sizes up to {sizes[-1]}")
     failed = smoke.drive(runtime, [m for m in args.modes.split(",") if m], (PRESET,), log=log, joins=JOINS,
                          steps=STEPS, keep_first_open=True)

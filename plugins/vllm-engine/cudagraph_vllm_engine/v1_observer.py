@@ -88,8 +88,8 @@ class V1StepObserver:
         """NONE at the requested size, keeping the request padding the graph of that size would use."""
         eager = type(mode).NONE
         keep_reqs = mode != eager and desc.num_tokens == self.eager_size
-        return eager, dataclasses.replace(desc, num_tokens=self.eager_size,
-                                          num_reqs=desc.num_reqs if keep_reqs else None)
+        rows = desc.num_reqs if keep_reqs else None
+        return eager, dataclasses.replace(desc, num_tokens=self.eager_size, num_reqs=rows)  # vLLM's own names
 
     def _before_forward(self, input_ids, positions) -> None:
         import torch

@@ -11,7 +11,7 @@ import dataclasses
 from harness import protocol as p
 
 from . import settings
-from .policy import Answer, VllmPolicy
+from .policy import VERSION, Answer, VllmPolicy
 
 # vLLM 0.25 reads this when a VllmConfig asks which runner to use (envs.py, VllmConfig.use_v2_model_runner).
 RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
@@ -78,12 +78,12 @@ class VllmV1Policy(VllmPolicy):
         sizes = tuple(sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())) if mode.name != "NONE" else ()
         return Answer(sizes, mode.name, tuple(warnings), dispatcher)
 
-    def dispatch(self, config: p.PolicyConfig, num_tokens: int, num_reqs: int | None = None, uniform: bool = False,
+    def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
         """CudagraphDispatcher.dispatch as the V1 runner calls it (_determine_batch_execution_and_padding):
         uniform_decode means every request brings q tokens; V1 does not take a request count."""
         dispatcher = self.answer(config).dispatcher
-        mode, desc = dispatcher.dispatch(num_tokens=num_tokens, uniform_decode=uniform,
+        mode, desc = dispatcher.dispatch(num_tokens=num_real_tokens, uniform_decode=uniform,  # vLLM's own name
                                          has_lora=num_active_loras > 0, num_active_loras=num_active_loras)
         return as_dispatch(mode, desc)
 
@@ -96,7 +96,7 @@ class VllmV1Policy(VllmPolicy):
             compilation = {"mode": 0}
         else:
             compilation = {}
-        config = p.PolicyConfig(mode=request.mode, runner="v1")
+        config = p.PolicyConfig(mode=request.mode, rules=f"vllm-{VERSION}/v1")
         with settings.collect_cudagraph_warnings() as warnings:
             vllm_config = settings.create_vllm_config(v1_args(self.model_dir, config, compilation=compilation))
             mode = resolve_v1(vllm_config, AttentionCGSupport[request.support],

@@ -3,7 +3,7 @@ gpu_model_runner.py) and that runner's CudagraphDispatcher, one GPU, in this pro
 
 - Policy: vLLM's own code for the V1 runner (v1_policy.py): resolution with
   use_v2_model_runner=False, the keys of a CudagraphDispatcher on the same VllmConfig, its dispatch.
-  Not declared as vLLM's policy (`vllm_policy`): the harness models vLLM 0.25's V2 runner only
+  Not declared as following vLLM's rules (`Capabilities.rules`): the harness models vLLM 0.25's V2 runner only
   (harness.vocabulary.VLLM_RELEASES), so the spec's 0.25 values would be V2's. The suites hold this
   runtime to its own answers, checked against what its engine does at every build and step.
 - Execution: a real engine (v1_engine.py); the mode and padded size of every step read from the
@@ -65,7 +65,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         check_version(vllm.__version__)
         self.policy = VllmV1Policy()
         with settings.process_state_restored():
-            self.policy.answer(p.PolicyConfig(vllm_version=VERSION, runner="v1"))
+            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v1"))
         self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(

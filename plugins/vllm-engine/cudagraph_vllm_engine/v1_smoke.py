@@ -94,12 +94,12 @@ def verify(runtime, anchor, k: int) -> None:
             out = engine.step(requests)
             launches = LOG.since(before).replays
             diff = float((out.logits.float().cpu() - want).abs().max())
-            eager = engine.eager_step(requests, out.padded_num_tokens)
+            eager = engine.eager_step(requests, out.num_padded_tokens)
             same = torch.equal(out.logits, eager.logits)
-            own = runtime.dispatch(config.policy, out.num_tokens, len(requests), True)
+            own = runtime.dispatch(config.policy, out.num_real_tokens, len(requests), True)
             say(f"ngram k={k} verify step {number} ({'drafts transformers accepts' if accept else 'drafts to reject'}): "
-                f"{out.num_tokens} tokens -> ran {out.runtime_mode} at {out.padded_num_tokens} (own policy: "
-                f"{own.runtime_mode} at {own.descriptor.num_tokens}); graph launches {launches}; |logits - "
+                f"{out.num_real_tokens} tokens -> ran {out.runtime_mode} at {out.num_padded_tokens} (own policy: "
+                f"{own.runtime_mode} at {own.descriptor.num_padded_tokens}); graph launches {launches}; |logits - "
                 f"transformers| max {diff:.3g}; eager bit-equal {same}; vLLM accepted {engine.accepted}")
             row = 0
             for r in requests:  # the next step starts after all q tokens (the harness rewrites rejected KV)

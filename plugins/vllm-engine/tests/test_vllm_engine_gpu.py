@@ -45,7 +45,7 @@ def engine(runtime):
 def test_policy_is_the_oracles_for_vllm_025(runtime, seqs):
     """The sizes and keys vLLM 0.25's code gives on the GPU are the oracle's for 0.25 (docs/spec.md section 11)."""
     for mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
-        config = PolicyConfig(max_num_seqs=seqs, mode=mode, vllm_version="0.25")
+        config = PolicyConfig(max_num_seqs=seqs, mode=mode, rules="vllm-0.25/v2")
         assert runtime.capture_sizes(config) == oracle.capture_sizes(config)
         for tokens in range(1, max(runtime.capture_sizes(config)) + 2):
             for reqs, uniform in ((min(tokens, seqs), tokens <= seqs), (1, False)):
@@ -67,15 +67,15 @@ def test_steps_report_what_vllm_ran_and_match_transformers(runtime, engine):
         history = {s.request_id: list(s.tokens) for s in seqs}
         out, launches = step_counted(engine, requests)
         expected = runtime.dispatch(policy, n, n, True)
-        assert (out.runtime_mode, out.padded_num_tokens) == (expected.runtime_mode, expected.descriptor.num_tokens)
+        assert (out.runtime_mode, out.num_padded_tokens) == (expected.runtime_mode, expected.descriptor.num_padded_tokens)
         if out.runtime_mode == "PIECEWISE":
             assert launches >= 2
         else:
             assert launches == {"FULL": 1, "NONE": 0}[out.runtime_mode]
         tolerance = anchor.tolerance(runtime.capabilities.precision, engine.config.preset).value
         assert float((out.logits.float().cpu() - anchor.step(requests, history)).abs().max()) <= tolerance
-        eager = engine.eager_step(requests, out.padded_num_tokens)
-        assert eager.runtime_mode == "NONE" and eager.padded_num_tokens == out.padded_num_tokens
+        eager = engine.eager_step(requests, out.num_padded_tokens)
+        assert eager.runtime_mode == "NONE" and eager.num_padded_tokens == out.num_padded_tokens
         advance(seqs, requests)
     for s in seqs:
         engine.release(s.request_id)

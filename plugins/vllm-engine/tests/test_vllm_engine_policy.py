@@ -2,6 +2,8 @@
 imports (scripts/setup_vllm_versions.sh); skipped elsewhere (CI has no vLLM). The policy suites are
 its real test (reports/vllm-engine-policy/); these check what stands in and a few answers against the
 oracle's 0.25 rules (docs/spec.md section 11)."""
+from dataclasses import replace
+
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup_vllm_versions.sh)")
@@ -21,14 +23,14 @@ def policy_runtime():
 
 def test_it_declares_vllm_025s_policy_and_nothing_it_cannot_answer(policy_runtime):
     caps = policy_runtime.capabilities
-    assert (caps.vllm_policy, caps.vllm_version, caps.execution, caps.data_parallel) == (True, "0.25", False, False)
+    assert (caps.has("vllm_rules"), caps.vllm_release, caps.execution, caps.data_parallel) == (True, "0.25", False, False)
 
 
 @pytest.mark.parametrize("config", [PolicyConfig(max_num_seqs=264), PolicyConfig(max_num_seqs=100, mode="FULL"),
                                     PolicyConfig(max_num_seqs=64, num_speculative_tokens=2),
                                     PolicyConfig(max_num_seqs=8, max_loras=2, specialize_lora=False)])
 def test_answers_are_the_oracles_for_0_25(policy_runtime, config):
-    config = PolicyConfig(**{**config.__dict__, "vllm_version": "0.25"})
+    config = replace(config, rules="vllm-0.25/v2")
     sizes = policy_runtime.capture_sizes(config)
     assert sizes == oracle.capture_sizes(config)
     q = config.query_len

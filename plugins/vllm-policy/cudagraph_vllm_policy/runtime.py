@@ -1,6 +1,6 @@
 """The `vllm-policy` runtime: the installed vLLM's own graph policy behind the harness protocol.
 
-`PolicyConfig.runner` picks the model runner whose code answers (VLLM_USE_V2_MODEL_RUNNER is set
+`PolicyConfig.rules` picks the model runner whose code answers (VLLM_USE_V2_MODEL_RUNNER is set
 to match for the length of each question). Every answer comes from vLLM's code, called as that
 runner calls it:
 
@@ -65,9 +65,9 @@ class VllmPolicyRuntime:
     name = "vllm-policy"
     known_failures = str(KNOWN_FAILURES)
     capabilities = p.Capabilities(
-        capture_sizes=True, vllm_policy=True, dispatch=True, mode_resolution=True, data_parallel=True,
+        capture_sizes=True, rules="vllm-0.33", dispatch=True, mode_resolution=True, data_parallel=True,
         lora=True, speculative=True,
-        notes=("policy only, answered by the installed vLLM's code for the runner PolicyConfig.runner names "
+        notes=("policy only, answered by the installed vLLM's code for the runner PolicyConfig.rules names "
                "(V1: CudagraphDispatcher; V2: CudaGraphManager) with no GPU and no model weights; stood in: "
                "the platform's device queries (graph support, capability 9.0 or 10.0 for platform_max 512 or "
                "1024, device name, total memory, graph pool handle), V2's capture (the manager is marked "
@@ -87,11 +87,11 @@ class VllmPolicyRuntime:
         # them before the first test, so the harness's isolation check does not see the first test
         # that asks as changing the process's environment.
         for runner in ("v1", "v2"):
-            self.capture_sizes(p.PolicyConfig(runner=runner))
+            self.capture_sizes(p.PolicyConfig(rules=f"vllm-0.33/{runner}"))
 
     # -- vLLM configs --------------------------------------------------------------------
     @contextlib.contextmanager
-    def _vllm(self, platform_max: int = 512, runner: str = p.PolicyConfig.runner):
+    def _vllm(self, platform_max: int = 512, runner: str = "v2"):
         """Stand in for the device, pick the model runner, collect vLLM's warnings, and turn its
         config assertions into ValueError (the protocol's rejection)."""
         from vllm import logger as vllm_logger
@@ -152,12 +152,12 @@ class VllmPolicyRuntime:
         V1: a CudagraphDispatcher; V2: a CudaGraphManager, marked captured."""
         from vllm.v1.attention.backend import AttentionCGSupport
 
-        v2 = config.runner == "v2"
-        with self._vllm(config.platform_max, config.runner):
+        v2 = config.vllm_runner == "v2"
+        with self._vllm(config.platform_max, config.vllm_runner):
             vllm_config = self._vllm_config(config, config.mode)
             if vllm_config.use_v2_model_runner != v2:
                 raise ValueError(f"vLLM picked the {'V2' if vllm_config.use_v2_model_runner else 'V1'} model runner "
-                                 f"for a config asking for {config.runner}")
+                                 f"for a config asking for {config.vllm_runner}")
             if not v2:
                 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
@@ -185,19 +185,19 @@ class VllmPolicyRuntime:
     def capture_sizes(self, config: p.PolicyConfig) -> list[int]:
         return list(self._dispatcher(config).compilation_config.cudagraph_capture_sizes)
 
-    def padded_size(self, config: p.PolicyConfig, num_tokens: int) -> int | None:
+    def padded_size(self, config: p.PolicyConfig, num_real_tokens: int) -> int | None:
         dispatcher = self._dispatcher(config)
-        if config.runner == "v2":
+        if config.vllm_runner == "v2":
             # V2 keeps no padding table: its mixed routine pads to the smallest capture size.
-            return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_tokens)
+            return padded(dispatcher.compilation_config.cudagraph_capture_sizes, num_real_tokens)
         table = getattr(dispatcher, "_bs_to_padded_graph_size", None)  # built only when graphs are on
-        return table[num_tokens] if table is not None and num_tokens < len(table) else None
+        return table[num_real_tokens] if table is not None and num_real_tokens < len(table) else None
 
-    def dispatch(self, config, num_tokens, num_reqs=None, uniform=False, num_active_loras=0) -> p.Dispatch:
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0) -> p.Dispatch:
         dispatcher = self._dispatcher(config)
-        if config.runner == "v2":
-            return self._dispatch_v2(config, dispatcher, num_tokens, num_reqs, uniform, num_active_loras)
-        return self._dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras)
+        if config.vllm_runner == "v2":
+            return self._dispatch_v2(config, dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
+        return self._dispatch(dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras)
 
     def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
         from vllm.config import CompilationMode
@@ -210,17 +210,17 @@ class VllmPolicyRuntime:
         else:  # the default: VLLM_COMPILE, splitting at the attention ops
             options = {}
         config = p.PolicyConfig(num_speculative_tokens=request.num_speculative_tokens)  # the default runner
-        with self._vllm(runner=config.runner) as warnings:
+        with self._vllm(runner=config.vllm_runner) as warnings:
             compilation = self._vllm_config(config, request.mode, **options).compilation_config
             # The runner's second check (vLLM 0.33): whether the loaded model gives piecewise graphs.
             capture = {} if getattr(request, "piecewise_capture", True) else dict(piecewise_capture_available=False)
             resolved = compilation.resolve_cudagraph_mode_and_sizes(
                 AttentionCGSupport[request.support], "the weakest", config.query_len,
-                use_v2_model_runner=config.runner == "v2", **capture)
+                use_v2_model_runner=config.vllm_runner == "v2", **capture)
         return p.Resolution(request.mode, resolved.name, tuple(warnings))
 
     def dp_dispatch(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
-        if config.runner == "v2":
+        if config.vllm_runner == "v2":
             return self._dp_dispatch_v2(config, ranks)
         return self._dp_dispatch_v1(config, ranks)
 
@@ -232,16 +232,16 @@ class VllmPolicyRuntime:
         from vllm.v1.worker import dp_utils
 
         dispatcher = self._dispatcher(config)
-        local = [self._dispatch(dispatcher, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+        local = [self._dispatch(dispatcher, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         if len(ranks) == 1:  # coordinate_batch_across_dp returns early at data_parallel_size 1
             return local
         reduced = torch.zeros(4, len(ranks), dtype=torch.int32)  # the layout of dp_utils._run_ar
         for i, (rank, mine) in enumerate(zip(ranks, local)):
-            reduced[0][i], reduced[1][i] = rank.num_tokens, mine.descriptor.num_tokens
+            reduced[0][i], reduced[1][i] = rank.num_real_tokens, mine.descriptor.num_padded_tokens
             reduced[3][i] = CUDAGraphMode[mine.runtime_mode].value
         synced_mode = dp_utils._post_process_cudagraph_mode(reduced)
         sizes = dp_utils._post_process_dp_padding(reduced, should_dp_pad=synced_mode != 0)
-        return [self._dispatch(dispatcher, int(sizes[i]), rank.num_reqs, rank.uniform,
+        return [self._dispatch(dispatcher, int(sizes[i]), rank.num_real_rows, rank.uniform,
                                valid_modes={CUDAGraphMode(synced_mode)}) for i, rank in enumerate(ranks)]
 
     def _dp_dispatch_v2(self, config: p.PolicyConfig, ranks) -> list[p.Dispatch]:
@@ -252,9 +252,9 @@ class VllmPolicyRuntime:
 
         manager = self._dispatcher(config)
         q = config.query_len
-        batches = [(r.num_tokens, _num_reqs(config, r.num_tokens, r.num_reqs, r.uniform), r.uniform) for r in ranks]
+        batches = [(r.num_real_tokens, _num_reqs(config, r.num_real_tokens, r.num_real_rows, r.uniform), r.uniform) for r in ranks]
         if len(ranks) == 1:
-            return [self._dispatch_v2(config, manager, r.num_tokens, r.num_reqs, r.uniform) for r in ranks]
+            return [self._dispatch_v2(config, manager, r.num_real_tokens, r.num_real_rows, r.uniform) for r in ranks]
         tables = []  # each rank's column of the all-reduce, as sync_cudagraph_and_dp_padding writes it
         with _collective(tables, len(ranks)) as group:
             for rank, (tokens, reqs, uniform) in enumerate(batches):
@@ -272,17 +272,17 @@ class VllmPolicyRuntime:
 
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
-    def _dispatch_v2(config, manager, num_tokens, num_reqs, uniform, num_active_loras=0) -> p.Dispatch:
+    def _dispatch_v2(config, manager, num_real_tokens, num_real_rows, uniform, num_active_loras=0) -> p.Dispatch:
         """V2's dispatch as GPUModelRunner.execute_model calls it: a uniform batch brings its
         token count per request (q) and its longest query (q); any other batch neither."""
         q = config.query_len
-        desc = manager.dispatch(_num_reqs(config, num_tokens, num_reqs, uniform), num_tokens,
+        desc = manager.dispatch(_num_reqs(config, num_real_tokens, num_real_rows, uniform), num_real_tokens,
                                 q if uniform else None, num_active_loras, max_query_len=q if uniform else None)
         return _from_v2(desc)
 
     @staticmethod
-    def _dispatch(dispatcher, num_tokens, num_reqs, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
-        mode, key = dispatcher.dispatch(num_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
+    def _dispatch(dispatcher, num_real_tokens, num_real_rows, uniform, num_active_loras=0, valid_modes=None) -> p.Dispatch:
+        mode, key = dispatcher.dispatch(num_real_tokens, uniform_decode=uniform, has_lora=num_active_loras > 0,
                                         num_active_loras=num_active_loras, valid_modes=valid_modes)
         return p.Dispatch(mode.name, p.Descriptor(key.num_tokens, key.num_reqs, key.uniform, key.has_lora,
                                                   key.num_active_loras))
@@ -305,11 +305,11 @@ def _stand_in(platform: type, capability: tuple[int, int], device_name: str, mem
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def _num_reqs(config: p.PolicyConfig, num_tokens: int, num_reqs: int | None, uniform: bool) -> int:
+def _num_reqs(config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None, uniform: bool) -> int:
     """V2 needs a request count; the protocol's None is the most the batch can hold."""
-    if num_reqs is not None:
-        return num_reqs
-    return num_tokens // config.query_len if uniform else min(num_tokens, config.max_num_seqs)
+    if num_real_rows is not None:
+        return num_real_rows
+    return num_real_tokens // config.query_len if uniform else min(num_real_tokens, config.max_num_seqs)
 
 
 def _from_v2(desc) -> p.Dispatch:

@@ -64,32 +64,32 @@ def test_downgrades_carry_vllm_warnings_and_rejections_are_value_errors(vllm_run
 
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_data_parallel_ranks_agree_through_vllm(vllm_runtime, runner):
-    config = PolicyConfig(max_num_seqs=64, runner=runner)
+    config = PolicyConfig(max_num_seqs=64, rules=f"vllm-0.33/{runner}")
     agreed = vllm_runtime.dp_dispatch(config, [RankBatch(5, 5, True), RankBatch(20, 3, False)])
-    assert {(d.runtime_mode, d.descriptor.num_tokens) for d in agreed} == {("PIECEWISE", 24)}
+    assert {(d.runtime_mode, d.descriptor.num_padded_tokens) for d in agreed} == {("PIECEWISE", 24)}
     eager = vllm_runtime.dp_dispatch(config, [RankBatch(3, 3, True), RankBatch(200, 10, False)])
     # V1 ranks keep their own padded size on eager (3 -> 4); V2 ranks their unpadded one.
-    assert [d.descriptor.num_tokens for d in eager] == ([4, 200] if runner == "v1" else [3, 200])
+    assert [d.descriptor.num_padded_tokens for d in eager] == ([4, 200] if runner == "v1" else [3, 200])
 
 
 def test_each_runner_is_answered_by_its_own_vllm_code(vllm_runtime):
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    v1 = PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v1")
-    v2 = PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, runner="v2")
+    v1 = PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, rules="vllm-0.33/v1")
+    v2 = PolicyConfig(max_num_seqs=256, max_num_batched_tokens=8192, num_speculative_tokens=2, rules="vllm-0.33/v2")
     assert isinstance(vllm_runtime._dispatcher(v1), CudagraphDispatcher)
     assert isinstance(vllm_runtime._dispatcher(v2), CudaGraphManager)
     assert len(vllm_runtime.capture_sizes(v1)) == 56  # V1 rounds the sizes to multiples of q = 3
     assert len(vllm_runtime.capture_sizes(v2)) == 60  # V2 keeps them and rounds its decode keys
-    assert vllm_runtime.dispatch(v1, 7, 3, False).descriptor.num_tokens == 9
-    assert vllm_runtime.dispatch(v2, 7, 3, False).descriptor.num_tokens == 8
+    assert vllm_runtime.dispatch(v1, 7, 3, False).descriptor.num_padded_tokens == 9
+    assert vllm_runtime.dispatch(v2, 7, 3, False).descriptor.num_padded_tokens == 8
 
 
 def test_the_runner_switch_ends_with_each_question(vllm_runtime):
     before = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    vllm_runtime.capture_sizes(PolicyConfig(max_num_seqs=8, runner="v1"))
-    vllm_runtime.capture_sizes(PolicyConfig(max_num_seqs=8, runner="v2"))
+    vllm_runtime.capture_sizes(PolicyConfig(max_num_seqs=8, rules="vllm-0.33/v1"))
+    vllm_runtime.capture_sizes(PolicyConfig(max_num_seqs=8, rules="vllm-0.33/v2"))
     assert os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == before
 
 
