@@ -383,7 +383,7 @@ class StepResult:
 class StepInputs:
     """The static inputs of the last step at its padded size: real rows first, then padded rows.
 
-    Token rows come first; then, since 0.4.0, the request rows a graph reads (one per request in
+    Token rows come first; then, since 0.3.0, the request rows a graph reads (one per request in
     request order, then the rows that pad the batch), each None where the runtime does not expose
     it, with the reason in `not_exposed`."""
 
@@ -434,7 +434,7 @@ class Engine(Protocol):
 class KVCacheFull(RuntimeError):
     """Raised by `Engine.step()` when a step needs KV blocks the cache no longer has: the step ran
     nothing and changed nothing, and the engine serves on once blocks are released. The one way to
-    refuse a step for lack of blocks (never a silent eager run, never another request's block). Since 0.4.0."""
+    refuse a step for lack of blocks (never a silent eager run, never another request's block). Since 0.3.0."""
 
 
 class UnsupportedCheckpoint(RuntimeError):

@@ -233,6 +233,8 @@ _POOLS: dict[tuple[int, str], RankPool] = {}
 def pool(world: int, graph_backend: str) -> RankPool:
     """A live pool of `world` ranks for a graph backend: the one already running, else a new one."""
     current = _POOLS.get((world, graph_backend))
+    if current is not None and current.alive and not all(p.is_alive() for p in current.processes):
+        current.close(kill=True)  # a rank ended outside the pool (a session's end reaped it): start afresh
     if current is None or not current.alive:
         current = _POOLS[(world, graph_backend)] = RankPool(world, graph_backend)
     return current
