@@ -21,6 +21,7 @@ from dataclasses import replace
 from harness.expectations import expected
 from harness.reliability import isolation
 from harness.expectations import oracle
+from harness.expectations import lora_adapters
 from harness.expectations import presets
 from harness.runtime import checkpoint as checkpoint_verdict
 from harness.runtime import validate
@@ -101,7 +102,8 @@ class ObservedEngine:
             # The next step overwrites these logits, as declared: the harness is the caller, and a
             # caller of such a runtime copies what it keeps.
             result = StepResult(result.logits.clone(), result.runtime_mode, result.num_tokens,
-                                result.padded_num_tokens)  # the harness's own type: the runtime's may be any
+                                result.padded_num_tokens,  # the harness's own type: the runtime's may be any
+                                getattr(result, "key", None))
         return result
 
     def eager_step(self, requests, padded_num_tokens: int):
@@ -138,11 +140,14 @@ class ObservedEngine:
         uniform = is_uniform(requests, q)
         num_reqs = len(requests) or None
         caps = runtime.capabilities
+        # Distinct adapters the batch names (vLLM's num_active_loras), asked only where there are some.
+        active = len({r.lora for r in requests if getattr(r, "lora", None) is not None})
+        loras = {"num_active_loras": active} if active else {}
         if self.captured is None:
             check.equal(result.runtime_mode, "NONE", source=OBSERVED, case=case,
                         what="before capture() there is no graph to replay: a step runs eager")
         elif caps.dispatch:
-            own = runtime.dispatch(self.policy, n, num_reqs, uniform)
+            own = runtime.dispatch(self.policy, n, num_reqs, uniform, **loras)
             check.equal(reported, (own.runtime_mode, own.descriptor.num_tokens), source=OWN_POLICY,
                         case=batch, what=f"the step's mode and padded size vs the runtime's own dispatch() "
                                          f"(uniform={uniform}, mode {self.policy.mode})")
@@ -153,7 +158,7 @@ class ObservedEngine:
             check.that(result.padded_num_tokens >= n, source=OBSERVED, case=case,
                        what="a graph step runs at a size that holds the batch (padded up, never down)")
         if caps.vllm_policy and self.captured is not None:
-            spec = oracle.dispatch(self.policy, n, num_reqs, uniform)
+            spec = oracle.dispatch(self.policy, n, num_reqs, uniform, **loras)
             check.equal(reported, (spec.runtime_mode, spec.descriptor.num_tokens), source=ORACLE,
                         case=batch, what=f"the step's mode and padded size (uniform={uniform})")
 
@@ -302,18 +307,22 @@ class EngineFactory:
         return self._anchor
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
-               max_num_batched_tokens=None, max_model_len=None) -> EngineConfig:
-        """The engine the suites ask for; with no attention named, the strongest one declared."""
+               max_num_batched_tokens=None, max_model_len=None, max_loras=0,
+               specialize_active_loras=False) -> EngineConfig:
+        """The engine the suites ask for; with no attention named, the strongest one declared. With
+        max_loras, as many of the harness's LoRA adapters (lora_adapters.py), ids 1 to max_loras."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
                               max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
-                              num_speculative_tokens=spec, mode=mode)
+                              num_speculative_tokens=spec, mode=mode, max_loras=max_loras,
+                              specialize_active_loras=specialize_active_loras)
         if self.runtime.capabilities.vllm_policy:  # held to the rules of the release it declares
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
                             max_model_len=max_model_len or self.max_model_len, kv_tokens=self.kv_tokens,
-                            checkpoint=self.checkpoint())
+                            checkpoint=self.checkpoint(),
+                            lora_adapters=lora_adapters.adapters(self.preset, max_loras) if max_loras else ())
 
     def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
         """A built (and captured) engine."""
