@@ -272,6 +272,15 @@ class VllmV1Engine(VllmEngine):
 
         return {name: address(getattr(runner, name)) for name in ("input_ids", "positions", "query_start_loc", "seq_lens")}
 
+    def last_step_inputs(self) -> p.StepInputs:
+        import dataclasses
+
+        inputs = super().last_step_inputs()
+        return dataclasses.replace(inputs, not_exposed={
+            **dict(inputs.not_exposed or {}),
+            "lora_ids": "vLLM keeps each token row's adapter as a slot index in its LoRA manager's punica wrapper "
+                        "(set by set_active_loras each step), not in a static input of the runner this runtime reads"})
+
     def capture_sizes(self) -> list[int]:
         if self.resolved == "NONE":
             return []
