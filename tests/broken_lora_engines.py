@@ -76,4 +76,23 @@ AdapterOnTheWrongRequest = mutant(
     "adapter-on-the-wrong-request", "AdapterOnTheWrongRequest", with_planner(_AdaptersReversed),
     "Each request runs the adapter of another (its mirror row), in graph and eager steps alike.")
 
-MUTANTS = [GraphsWithoutAdapters, KeyIgnoresAdapterCount, PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest]
+class _OneGraphForEveryAdapterCount(CapturedGraphs):
+    """Captures one graph with the adapter op per size and reuses it for every adapter count (its
+    outputs are right: the op reads each row's adapter), so the keys outnumber the graphs."""
+
+    def capture_key(self, mode, key, graphs):
+        shared = getattr(self, "_shared", None)
+        if shared is None:
+            shared = self._shared = {}
+        kind = (mode, key.num_tokens, key.num_reqs, key.uniform, key.has_lora)
+        if kind not in shared:
+            shared[kind] = super().capture_key(mode, key, graphs)
+        return shared[kind]
+
+
+GraphSharedAcrossAdapterCounts = mutant(
+    "graph-shared-across-adapter-counts", "GraphSharedAcrossAdapterCounts",
+    with_seams(strategy=_OneGraphForEveryAdapterCount),
+    "One graph per size serves every adapter count: fewer graphs than the keys the policy names.")
+
+MUTANTS = [GraphSharedAcrossAdapterCounts, GraphsWithoutAdapters, KeyIgnoresAdapterCount, PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest]

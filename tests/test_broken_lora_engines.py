@@ -14,6 +14,7 @@ LORA = "test_lora.py::"
 MUST_CATCH = {
     "GraphsWithoutAdapters": (
         [LORA + "test_graph_equals_eager_with_adapters_on_some_rows[{name}-FULL_DECODE_ONLY]"], "graph step vs eager"),
+    "GraphSharedAcrossAdapterCounts": ([LORA + "test_a_graph_for_every_adapter_key"], "a graph per key"),
     "KeyIgnoresAdapterCount": (
         [LORA + "test_dispatch_follows_the_active_adapter_count[{name}-FULL_DECODE_ONLY]"], "num_active_loras"),
     "PaddedRowsRunAnAdapter": (
