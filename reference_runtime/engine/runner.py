@@ -74,6 +74,9 @@ class ModelRunner:
         if config.lora_adapters and not config.policy.max_loras:
             raise ValueError(f"{len(config.lora_adapters)} LoRA adapters given, but the policy has max_loras=0 "
                              "(LoRA off): set max_loras to the most adapters one batch may use")
+        if config.lora_adapters and config.data_parallel is not None:
+            raise ValueError("LoRA adapters under data parallel are not implemented: the ranks agree on a key "
+                             "without the adapter count (data_parallel.py)")
         self.adapters = (Adapters.load(config.lora_adapters, m).to(self.device, self.dtype)
                          if config.lora_adapters else None)
         self.cache = KVCache(m.num_layers, config.num_blocks, config.block_size, m.kv_heads, m.head_dim, self.dtype,
