@@ -69,6 +69,9 @@ class Capabilities:
     speculative: bool = False  # policies take num_speculative_tokens > 0
     # execution
     execution: bool = False  # build() gives an Engine
+    # with lora: build() loads EngineConfig.lora_adapters, a request may name one (Request.lora), and a
+    # step says which graph key it ran (StepResult.key). Since 0.4.0.
+    lora_steps: bool = False
     speculative_steps: bool = False  # with speculative: build() takes num_speculative_tokens > 0, steps of q tokens
     # with speculative_steps: a step may follow a verify step whose drafts were partly rejected
     # (Request.num_rejected_tokens), and the engine rolls back as vLLM does (docs/spec.md section 6.7)
@@ -354,6 +357,9 @@ class EngineConfig:
     # (rank, world size): one process per rank, torch.distributed initialised by the harness before
     # build() (gloo on the CPU, NCCL with one GPU per rank); step() then agrees with the other ranks.
     data_parallel: tuple[int, int] | None = None
+    # PEFT LoRA adapter folders (capability lora_steps; policy.max_loras >= 1): Request.lora = i names
+    # the i-th (from 1, as vLLM's lora_int_id). Since 0.4.0.
+    lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -368,6 +374,9 @@ class Request:
     # num_computed_tokens: this step's tokens go at their positions and slots, and their KV is never
     # read. 0, the default: every draft was accepted. Only for runtimes that declare rejected_drafts.
     num_rejected_tokens: int = 0
+    # The LoRA adapter this request runs with: an id into EngineConfig.lora_adapters (from 1), or
+    # None for the base model. Only for runtimes that declare lora_steps. Since 0.4.0.
+    lora: int | None = None
 
 
 @renamed(num_tokens="num_real_tokens", padded_num_tokens="num_padded_tokens")
@@ -377,6 +386,9 @@ class StepResult:
     runtime_mode: str  # what actually ran: one of RUNTIME_MODES
     num_real_tokens: int  # tokens the requests brought
     num_padded_tokens: int  # tokens the step ran at
+    # The graph key the step ran under (its adapter count included), the runtime's word; None where
+    # it does not say. Required of runtimes that declare lora_steps. Since 0.4.0.
+    key: Descriptor | None = None
 
 
 @dataclass
@@ -398,6 +410,8 @@ class StepInputs:
     block_size: int | None = None  # tokens a KV block holds (slot = block * block_size + offset)
     # The block padded rows' tables hold, which no request owns; None: padded rows read no block (length 0).
     padding_block: int | None = None
+    # lora_steps: each token row's adapter id (0: none; padded rows 0). Since 0.4.0.
+    lora_ids: Any = None  # [padded_num_tokens]
     not_exposed: Mapping[str, str] = field(default_factory=dict)  # a request-row field left None -> why
 
 

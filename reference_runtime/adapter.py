@@ -68,7 +68,7 @@ class ReferenceRuntime:
         attention_backends=(("static", "ALWAYS"), ("uniform", "UNIFORM_BATCH"),
                             ("decode", "UNIFORM_SINGLE_TOKEN_DECODE"), ("varlen", "NEVER")),
         padding_fills=FILLS, loads_checkpoint=True, kv_inspection=True,
-        input_inspection=True, address_checks=True, data_parallel_execution=True, precision="ieee",
+        input_inspection=True, address_checks=True, data_parallel_execution=True, lora_steps=True, precision="ieee",
         notes="execution on the CPU uses the harness's graph emulator (same contract as CUDA graphs, no GPU timing)",
     )
 
@@ -119,5 +119,5 @@ def runner_config(config: p.EngineConfig):
         checkpoint=str(config.checkpoint), policy=to_policy_config(config.policy), dtype=config.dtype,
         device=config.device, graph_backend=config.graph_backend,
         attention_backends=tuple(config.attention_backends) or ("static",), max_model_len=config.max_model_len,
-        data_parallel=config.data_parallel, **blocks,
+        data_parallel=config.data_parallel, lora_adapters=tuple(config.lora_adapters), **blocks,
     )

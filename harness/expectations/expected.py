@@ -91,9 +91,10 @@ def dispatched_keys(runtime, policy: PolicyConfig) -> dict[str, set[Descriptor]]
 
 
 def pieces_per_size(report) -> int | None:
-    """PIECEWISE graphs per captured size, from a capture report; None if it has none, or if its
-    count does not divide evenly among its sizes."""
-    sizes = {n for mode, n in report.order if mode == "PIECEWISE"}
+    """PIECEWISE graphs per captured key, from a capture report; None if it has none, or if its
+    count does not divide evenly among its keys. A size has a key per LoRA case (each listed in the
+    capture order), so keys, not distinct sizes, share the count."""
+    sizes = [n for mode, n in report.order if mode == "PIECEWISE"]
     pieces = report.graphs.get("PIECEWISE", 0)
     return pieces // len(sizes) if sizes and pieces % len(sizes) == 0 else None
 

@@ -8,6 +8,8 @@ checked against what was asked. The subclass supplies what is its engine's own:
 - `check_step(record, planned, prepared, ran)`: fail loudly where the engine ran something else;
   returns the padded token count the step ran at;
 - `guarded()`: the context every call into the engine runs in (kit.guard);
+- `key_of(record)`: the graph key the step ran under, as a protocol Descriptor (StepResult.key), or
+  None (the default) where the engine does not say;
 - `padding_fill_reason`, `engine_name`, `events` and `own_errors`.
 
 It holds `requests` (a BlockBook), `observer` (start(eager_size, fill) -> record, stop()),
@@ -40,6 +42,9 @@ class ScheduledEngine:
 
     def check_step(self, record, planned, prepared, ran) -> int:
         raise NotImplementedError
+
+    def key_of(self, record):
+        return None
 
     def release(self, request_id: int) -> None:
         self.requests.release(request_id)
@@ -74,7 +79,7 @@ class ScheduledEngine:
             self.events.event(f"first step {self.label}: {time.perf_counter() - start:.2f}s ({record.path} at "
                               f"{num_padded_tokens})")
         logits = ran.logits if hasattr(ran, "logits") else ran[0]
-        return p.StepResult(logits, record.path, num_real_tokens, num_padded_tokens)
+        return p.StepResult(logits, record.path, num_real_tokens, num_padded_tokens, self.key_of(record))
 
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).

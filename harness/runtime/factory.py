@@ -13,7 +13,7 @@ import itertools
 import sys
 
 from harness.checks import Check
-from harness.expectations import expected, presets
+from harness.expectations import expected, lora_adapters, presets
 from harness.expectations.anchor import Anchor
 from harness.graphs import device_for
 from harness.protocol import EngineConfig, PolicyConfig
@@ -116,18 +116,22 @@ class EngineFactory:
         return self._anchor
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
-               max_num_batched_tokens=None, max_model_len=None, kv_tokens=None) -> EngineConfig:
-        """The engine the suites ask for; with no attention named, the strongest one declared."""
+               max_num_batched_tokens=None, max_model_len=None, kv_tokens=None, max_loras=0,
+               specialize_active_loras=False) -> EngineConfig:
+        """The engine the suites ask for; with no attention named, the strongest one declared. With
+        max_loras, as many of the harness's LoRA adapters (lora_adapters.py), ids 1 to max_loras."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
         policy = PolicyConfig(max_num_seqs=max_num_seqs or self.defaults["max_num_seqs"],
                               max_num_batched_tokens=max_num_batched_tokens or self.defaults["max_num_batched_tokens"],
-                              num_speculative_tokens=spec, mode=mode)
+                              num_speculative_tokens=spec, mode=mode, max_loras=max_loras,
+                              specialize_active_loras=specialize_active_loras)
         if self.runtime.capabilities.has("vllm_rules"):  # held to the rules of the release it declares
             policy = expected.vllm_rules(self.runtime, policy)
         return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
                             max_model_len=max_model_len or self.max_model_len, kv_tokens=kv_tokens or self.kv_tokens,
-                            checkpoint=self.checkpoint())
+                            checkpoint=self.checkpoint(),
+                            lora_adapters=lora_adapters.adapters(self.preset, max_loras) if max_loras else ())
 
     def get(self, fresh: bool = False, capture: bool = True, **kw) -> ObservedEngine:
         """A built (and captured) engine."""

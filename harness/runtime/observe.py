@@ -91,7 +91,8 @@ class ObservedEngine:
             # The next step overwrites these logits, as declared: the harness is the caller, and a
             # caller of such a runtime copies what it keeps.
             result = StepResult(result.logits.clone(), result.runtime_mode, result.num_real_tokens,
-                                result.num_padded_tokens)  # the harness's own type: the runtime's may be any
+                                result.num_padded_tokens,  # the harness's own type: the runtime's may be any
+                                getattr(result, "key", None))
         return result
 
     def eager_step(self, requests, num_padded_tokens: int):
@@ -128,11 +129,14 @@ class ObservedEngine:
         uniform = is_uniform(requests, q)
         num_real_rows = len(requests) or None
         caps = runtime.capabilities
+        # Distinct adapters the batch names (vLLM's num_active_loras), asked only where there are some.
+        active = len({r.lora for r in requests if getattr(r, "lora", None) is not None})
+        loras = {"num_active_loras": active} if active else {}
         if self.captured is None:
             check.equal(result.runtime_mode, "NONE", source=OBSERVED, case=case,
                         what="before capture() there is no graph to replay: a step runs eager")
         elif caps.dispatch:
-            own = runtime.dispatch(self.policy, n, num_real_rows, uniform)
+            own = runtime.dispatch(self.policy, n, num_real_rows, uniform, **loras)
             check.equal(reported, (own.runtime_mode, own.descriptor.num_padded_tokens), source=OWN_POLICY,
                         case=batch, what=f"the step's mode and padded size vs the runtime's own dispatch() "
                                          f"(uniform={uniform}, mode {self.policy.mode})")
@@ -143,7 +147,7 @@ class ObservedEngine:
             check.that(result.num_padded_tokens >= n, source=OBSERVED, case=case,
                        what="a graph step runs at a size that holds the batch (padded up, never down)")
         if caps.has("vllm_rules") and self.captured is not None:
-            spec = oracle.dispatch(self.policy, n, num_real_rows, uniform)
+            spec = oracle.dispatch(self.policy, n, num_real_rows, uniform, **loras)
             check.equal(reported, (spec.runtime_mode, spec.descriptor.num_padded_tokens), source=ORACLE,
                         case=batch, what=f"the step's mode and padded size (uniform={uniform})")
 

@@ -27,7 +27,7 @@ TOKENS, ROWS, ROW_EDGES, TABLES = "tokens", "rows", "row edges", "tables"
 # The one order of the inputs: in the packed device tensor (at their largest sizes) and in every
 # staged step (at its sizes). Block tables come last: they are most of the values, written row by row.
 FIELDS = (
-    ("input_ids", TOKENS), ("positions", TOKENS), ("slot_mapping", TOKENS), ("token_req", TOKENS),
+    ("input_ids", TOKENS), ("positions", TOKENS), ("slot_mapping", TOKENS), ("token_req", TOKENS), ("lora_ids", TOKENS),
     ("seq_lens", ROWS), ("query_start_loc", ROW_EDGES), ("block_tables", TABLES),
 )
 NAMES = tuple(name for name, _ in FIELDS)
@@ -143,7 +143,9 @@ class StaticBuffers:
         their requests' lengths, and the block table rows changed since it was last staged. Value
         by value: at the batch sizes where host time counts, cheaper than numpy's per-call cost."""
         values, ids, positions, slots = self._host_items, at["input_ids"], at["positions"], at["slot_mapping"]
+        loras = at["lora_ids"]
         for t in range(plan.num_real_tokens):
+            values[loras + t] = plan.lora_ids[t]
             values[ids + t] = plan.input_ids[t]
             values[positions + t] = plan.positions[t]
             values[slots + t] = plan.slot_mapping[t]
@@ -190,9 +192,10 @@ class StaticBuffers:
         )
 
     def inputs(self, num_padded_tokens: int) -> dict[str, torch.Tensor]:
-        """Copies of the token ids, positions and slots of the first num_padded_tokens token rows."""
+        """Copies of the token ids, positions, slots and adapter ids of the first num_padded_tokens token rows."""
         return {"token_ids": self.input_ids[:num_padded_tokens].clone(), "positions": self.positions[:num_padded_tokens].clone(),
-                "slot_mapping": self.slot_mapping[:num_padded_tokens].clone()}
+                "slot_mapping": self.slot_mapping[:num_padded_tokens].clone(),
+                "lora_ids": self.lora_ids[:num_padded_tokens].clone()}
 
     def request_rows(self, num_rows: int) -> dict[str, torch.Tensor]:
         """Copies of the sequence lengths, query starts and block tables of the first num_rows request rows."""

@@ -170,10 +170,14 @@ class Decoder(nn.Module):
         return model
 
     # -- pieces: everything between two attention ops -------------------------------------
-    def pre_attention(self, index: int, hidden: torch.Tensor, positions: torch.Tensor):
-        """Norm, fused QKV and RoPE of one layer: q [T, H, D], k and v [T, KVH, D]."""
+    def pre_attention(self, index: int, hidden: torch.Tensor, positions: torch.Tensor, lora: Callable | None = None):
+        """Norm, fused QKV and RoPE of one layer: q [T, H, D], k and v [T, KVH, D]. `lora(layer, x)`:
+        what the rows' adapters add to the fused QKV output (lora.py); None: no adapter op."""
         layer = self.layers[index]
-        qkv = nn.functional.linear(rms_norm(hidden, layer.input_norm, self.eps), layer.qkv, layer.qkv_bias)
+        normed = rms_norm(hidden, layer.input_norm, self.eps)
+        qkv = nn.functional.linear(normed, layer.qkv, layer.qkv_bias)
+        if lora is not None:
+            qkv = qkv + lora(index, normed)
         qkv = qkv.view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
         # q and k sit side by side in the fused projection: rotate them together (half the kernels).
         qk = qkv[:, : self.heads + self.kv_heads]
@@ -190,23 +194,31 @@ class Decoder(nn.Module):
         gate, up = nn.functional.linear(normed, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
         return hidden + nn.functional.linear(self.act(gate) * up, layer.down, layer.down_bias)
 
-    def first_piece(self, input_ids, positions):
+    def first_piece(self, input_ids, positions, lora: Callable | None = None):
         hidden = self.embed.index_select(0, input_ids)
-        return (hidden, *self.pre_attention(0, hidden, positions))
+        return (hidden, *self._pre_attention(0, hidden, positions, lora))
 
-    def middle_piece(self, index: int, hidden, attn, positions):
+    def middle_piece(self, index: int, hidden, attn, positions, lora: Callable | None = None):
         """Finish layer index - 1, start layer index."""
         hidden = self.post_attention(index - 1, hidden, attn)
-        return (hidden, *self.pre_attention(index, hidden, positions))
+        return (hidden, *self._pre_attention(index, hidden, positions, lora))
+
+    def _pre_attention(self, index, hidden, positions, lora):
+        # Without adapters, called as a model without LoRA is (a replaced model's pre_attention
+        # need not take the argument).
+        if lora is None:
+            return self.pre_attention(index, hidden, positions)
+        return self.pre_attention(index, hidden, positions, lora)
 
     def last_piece(self, hidden, attn):
         hidden = self.post_attention(self.num_layers - 1, hidden, attn)
         return nn.functional.linear(rms_norm(hidden, self.final_norm, self.eps), self.lm_head)
 
-    def forward(self, input_ids, positions, attention: Callable) -> torch.Tensor:
+    def forward(self, input_ids, positions, attention: Callable, lora: Callable | None = None) -> torch.Tensor:
         """The whole step, pieces and attention interleaved: logits [T, vocab]."""
-        hidden, q, k, v = self.first_piece(input_ids, positions)
+        adapters = {} if lora is None else {"lora": lora}  # a replaced piece without LoRA need not take it
+        hidden, q, k, v = self.first_piece(input_ids, positions, **adapters)
         for index in range(1, self.num_layers):
             attn = attention(index - 1, q, k, v)
-            hidden, q, k, v = self.middle_piece(index, hidden, attn, positions)
+            hidden, q, k, v = self.middle_piece(index, hidden, attn, positions, **adapters)
         return self.last_piece(hidden, attention(self.num_layers - 1, q, k, v))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..policy import BatchDescriptor, CUDAGraphMode, Dispatcher
 from .kv_cache import NULL_BLOCK, BlockAllocator
+from .lora import active_adapters
 
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 
@@ -42,6 +43,10 @@ class StepPlan:
     block_tables: list[list[int]]  # per request row
     seq_lens: list[int]  # per request row: its context after this step
     query_start_loc: list[int]  # per request row and one past the last
+    # per token row: its request's adapter id (0: none, padded rows too; lora.py)
+    lora_ids: list[int] = field(default_factory=list)
+    # the adapter count the forward runs with: the key's, or an eager step's batch's (0: no LoRA op)
+    num_active_loras: int = 0
     # The persistent batch: a plan the planner updates in place counts its updates (`revision`) and
     # the update at which each real row's block table last changed, so that what staged an earlier
     # revision writes only those rows again. `owners`: the allocator's table object of each real row.
@@ -79,15 +84,16 @@ class Planner:
         """A uniform decode batch: every request brings exactly q tokens."""
         return query_len_if_uniform(requests, self.q) is not None
 
-    def decide(self, num_real_tokens: int, num_real_rows: int, uniform: bool, captured: bool) -> tuple[CUDAGraphMode, BatchDescriptor]:
-        """The mode and graph key of a batch of this shape; eager and unpadded until graphs are
-        captured. The dispatcher's keys are fixed once built, so each shape is asked once."""
+    def decide(self, num_real_tokens: int, num_real_rows: int, uniform: bool, captured: bool,
+               num_active_loras: int = 0) -> tuple[CUDAGraphMode, BatchDescriptor]:
+        """The mode and graph key of a batch of this shape (and adapter count); eager and unpadded
+        until graphs are captured. The dispatcher's keys are fixed once built, so each shape is asked once."""
         if self.consensus is not None:  # an idle rank (no tokens) joins too, and runs padding rows only
             return self.consensus.dispatch(self.dispatcher, num_real_tokens, num_real_rows, uniform, captured)
-        shape = (num_real_tokens, num_real_rows, uniform)
+        shape = (num_real_tokens, num_real_rows, uniform, num_active_loras)
         answer = self._answers.get(shape)
         if answer is None:
-            answer = self.dispatcher.dispatch(num_real_tokens, num_real_rows, uniform)
+            answer = self.dispatcher.dispatch(num_real_tokens, num_real_rows, uniform, num_active_loras)
             if len(self._answers) < 4096:  # a bound for long services of mixed batches
                 self._answers[shape] = answer
         mode, key = answer
@@ -97,8 +103,9 @@ class Planner:
 
     def plan(self, requests, captured: bool) -> StepPlan:
         """The step as served: dispatched, then laid out at the size its graph takes."""
+        loras = active_adapters(requests)
         mode, key = self.decide(sum(len(r.token_ids) for r in requests), len(requests), self._is_uniform(requests),
-                                captured)
+                                captured, loras)
         if mode is NONE:
             return self.lay_out(requests, NONE, None, key.num_padded_tokens)
         return self.lay_out(requests, mode, key, key.num_padded_tokens, uniform=key.uniform if mode is FULL else None)
@@ -106,7 +113,7 @@ class Planner:
     def plan_eager(self, requests, num_padded_tokens: int) -> StepPlan:
         """The step run eagerly at a given size, laid out as a FULL graph of that size would be."""
         mode, key = self.dispatcher.dispatch(sum(len(r.token_ids) for r in requests), len(requests),
-                                             self._is_uniform(requests))
+                                             self._is_uniform(requests), active_adapters(requests))
         same_shape = mode is FULL and key.num_padded_tokens == num_padded_tokens
         return self.lay_out(requests, NONE, None, num_padded_tokens, uniform=key.uniform if same_shape else None)
 
@@ -149,8 +156,10 @@ class Planner:
             raise ValueError(f"cannot pad {real} tokens down to {num_padded_tokens}")
         allocator = self.allocator
         ids, positions, slots, token_req, tables, owners, seq_lens, starts = [], [], [], [], [], [], [], [0]
+        lora_ids = []
         for row, request in enumerate(requests):
             tokens, start = request.token_ids, request.context_len
+            lora_ids += [getattr(request, "lora", None) or 0] * len(tokens)
             total = start + len(tokens)
             table = allocator.ensure(request.request_id, total)
             tables.append(list(table))
@@ -167,6 +176,7 @@ class Planner:
         for size in dummy_sizes:
             row = len(seq_lens)
             ids += [0] * size
+            lora_ids += [0] * size
             positions += list(range(size)) if uniform_q is not None else [0] * size
             slots += [-1] * size
             token_req += [row] * size
@@ -175,8 +185,9 @@ class Planner:
             starts.append(starts[-1] + size)
         if len(seq_lens) > self.max_rows:
             raise ValueError(f"{len(seq_lens)} request rows do not fit the {self.max_rows} rows of the static buffers")
+        loras = key.num_active_loras if key is not None else active_adapters(requests)
         return StepPlan(mode, key, real, num_padded_tokens, len(requests), self._staged_rows(mode, key, len(seq_lens)),
-                        uniform_q, ids, positions, slots, token_req, tables, seq_lens, starts,
+                        uniform_q, ids, positions, slots, token_req, tables, seq_lens, starts, lora_ids, loras,
                         table_revisions=[0] * len(requests), owners=owners)
 
     def _update_persistent(self, requests, key, num_padded_tokens: int) -> StepPlan | None:
@@ -196,8 +207,10 @@ class Planner:
                 kept.block_tables[row] = list(table)
                 owners[row] = table
                 kept.table_revisions[row] = kept.revision
+            lora = getattr(request, "lora", None) or 0
             for j, token in enumerate(request.token_ids):
                 t, position = row * q + j, start + j
+                kept.lora_ids[t] = lora
                 ids[t] = token
                 positions[t] = position
                 slots[t] = allocator.slot(request.request_id, position)

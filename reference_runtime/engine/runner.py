@@ -36,6 +36,7 @@ from .buffers import NAMES, StaticBuffers
 from .data_parallel import DataParallel
 from .inspection import POISONS, fill_padding
 from .kv_cache import NULL_BLOCK, BlockAllocator, KVCache
+from .lora import Adapters
 from .model import Decoder
 from .plan import Planner, StepPlan
 from .strategy import CapturedGraphs
@@ -55,6 +56,7 @@ class RunnerConfig:
     num_blocks: int = 256
     max_model_len: int = 128
     data_parallel: tuple[int, int] | None = None  # (rank, world): steps agree across ranks (data_parallel.py)
+    lora_adapters: tuple[str, ...] = ()  # PEFT folders: adapter id i is the i-th (lora.py)
 
 
 class ModelRunner:
@@ -69,6 +71,14 @@ class ModelRunner:
         if config.max_model_len > self.model.max_positions:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {self.model.max_positions} positions")
         m = self.model
+        if config.lora_adapters and not config.policy.max_loras:
+            raise ValueError(f"{len(config.lora_adapters)} LoRA adapters given, but the policy has max_loras=0 "
+                             "(LoRA off): set max_loras to the most adapters one batch may use")
+        if config.lora_adapters and config.data_parallel is not None:
+            raise ValueError("LoRA adapters under data parallel are not implemented: the ranks agree on a key "
+                             "without the adapter count (data_parallel.py)")
+        self.adapters = (Adapters.load(config.lora_adapters, m).to(self.device, self.dtype)
+                         if config.lora_adapters else None)
         self.cache = KVCache(m.num_layers, config.num_blocks, config.block_size, m.kv_heads, m.head_dim, self.dtype,
                              self.device)
         self.backends = make_backends(config.attention_backends, m.num_layers, self.cache, m.head_dim ** -0.5, backends)
@@ -116,6 +126,14 @@ class ModelRunner:
         self.planner.release(request_id)
 
     # -- what a run strategy reads ----------------------------------------------------------------
+    def lora(self, num_active_loras: int):
+        """The LoRA op of a step with this many adapters, `(layer, x) -> the fused QKV's delta`
+        reading each token row's adapter from the static buffer; None: a step without adapters
+        (and every step of an engine without them) runs no LoRA op."""
+        if not num_active_loras or self.adapters is None:
+            return None
+        return lambda layer, x: self.adapters.delta(layer, x, self.stager.lora_ids[: x.shape[0]])
+
     def attention(self, meta):
         """Every layer's attention for a step: (layer, q, k, v) -> its backend's output."""
         return lambda layer, q, k, v: self.backends[layer](layer, q, k, v, meta)

@@ -13,10 +13,16 @@ import time
 
 import torch
 
-from harness.protocol import CaptureReport, StepResult
+from harness.protocol import CaptureReport, Descriptor, StepResult
 
 from ..policy import CUDAGraphMode
 from .plan import FULL, PIECEWISE, StepPlan
+
+
+def piece_key(key) -> int | tuple[int, int]:
+    """Where a PIECEWISE key's pieces are kept: by padded size, and by adapter count where it has
+    adapters (a size's pieces with the LoRA op are other graphs than those without)."""
+    return key.num_padded_tokens if not key.num_active_loras else (key.num_padded_tokens, key.num_active_loras)
 
 
 class CapturedGraphs:
@@ -44,29 +50,32 @@ class CapturedGraphs:
             return graph.output
         if plan.mode is PIECEWISE:
             return self._replay_pieces(plan)
-        return self.forward(self.runner.stager.metadata(plan))
+        return self.forward(self.runner.stager.metadata(plan), plan.num_active_loras)
 
     @staticmethod
     def _output(plan: StepPlan, logits: torch.Tensor) -> StepResult:
         """The real rows, copied: a graph's output buffer is overwritten by its next replay."""
-        num_real_tokens = plan.num_real_tokens
-        return StepResult(logits[:num_real_tokens].clone(), plan.mode.name, num_real_tokens, plan.num_padded_tokens)
+        num_real_tokens, key = plan.num_real_tokens, plan.key
+        ran = None if key is None else Descriptor(key.num_padded_tokens, key.num_padded_rows, key.uniform, key.has_lora,
+                                                  key.num_active_loras)
+        return StepResult(logits[:num_real_tokens].clone(), plan.mode.name, num_real_tokens, plan.num_padded_tokens, ran)
 
     # The eager paths build no autograd state. A FULL replay runs no torch op on the host, so a
     # step does not enter the mode itself (a few microseconds of a step at batch 1).
     @torch.inference_mode()
-    def forward(self, meta) -> torch.Tensor:
-        """The eager forward over the static buffers at the metadata's padded size."""
+    def forward(self, meta, num_active_loras: int = 0) -> torch.Tensor:
+        """The eager forward over the static buffers at the metadata's padded size, with the LoRA op
+        where the step has adapters."""
         runner, num_padded_tokens = self.runner, meta.num_padded_tokens
-        stager = runner.stager
+        stager, lora = runner.stager, runner.lora(num_active_loras)
         return runner.model.forward(stager.input_ids[:num_padded_tokens], stager.positions[:num_padded_tokens],
-                                    runner.attention(meta))
+                                    runner.attention(meta), **({} if lora is None else {"lora": lora}))
 
     @torch.inference_mode()
     def _replay_pieces(self, plan: StepPlan) -> torch.Tensor:
         """Replay each piece; attention runs eagerly in between, into the static attention buffer."""
         runner, num_padded_tokens = self.runner, plan.num_padded_tokens
-        graphs, meta = self.piece_graphs[num_padded_tokens], runner.stager.metadata(plan)
+        graphs, meta = self.piece_graphs[piece_key(plan.key)], runner.stager.metadata(plan)
         inputs = lambda: runner.graph_inputs(with_attention=True)  # noqa: E731 - built only when checked, as FULL's
         graphs[0].replay(inputs)
         for layer, graph in enumerate(graphs[1:]):
@@ -95,7 +104,7 @@ class CapturedGraphs:
     def record(self, mode: CUDAGraphMode, key, graphs: list) -> None:
         """Keep one key's graphs for the steps that replay it."""
         if mode is PIECEWISE:
-            self.piece_graphs[key.num_padded_tokens] = graphs
+            self.piece_graphs[piece_key(key)] = graphs
         else:
             self.full_graphs[key] = graphs[0]
 
@@ -106,7 +115,7 @@ class CapturedGraphs:
         plan = runner.planner.dummy(mode, key)
         runner.stager.transfer(runner.stager.stage(plan))
         meta = runner.stager.metadata(plan)
-        self.forward(meta)  # warm-up
+        self.forward(meta, key.num_active_loras)  # warm-up
         if mode is PIECEWISE:
             return self._capture_pieces(plan, graphs)
         return [self._capture_full(plan, meta, graphs)]
@@ -117,11 +126,14 @@ class CapturedGraphs:
         ids, pos = stager.input_ids[:num_padded_tokens], stager.positions[:num_padded_tokens]
         attn = runner.attn_buffer[:num_padded_tokens]
         inputs = runner.graph_inputs(with_attention=True)
-        name = f"PIECEWISE n={num_padded_tokens} piece"
-        captured = [graphs.capture(lambda: pieces.first_piece(ids, pos), static_inputs=inputs, name=f"{name} 0")]
+        lora = runner.lora(plan.key.num_active_loras)
+        adapters = {} if lora is None else {"lora": lora}  # a model without LoRA need not take it
+        name = f"PIECEWISE n={num_padded_tokens} piece" + (f" loras={plan.key.num_active_loras}" if lora else "")
+        captured = [graphs.capture(lambda: pieces.first_piece(ids, pos, **adapters), static_inputs=inputs,
+                                   name=f"{name} 0")]
         for index in range(1, pieces.num_layers):
             hidden = captured[-1].output[0]
-            captured.append(graphs.capture(lambda i=index, h=hidden: pieces.middle_piece(i, h, attn, pos),
+            captured.append(graphs.capture(lambda i=index, h=hidden: pieces.middle_piece(i, h, attn, pos, **adapters),
                                            static_inputs=inputs, name=f"{name} {index}"))
         hidden = captured[-1].output[0]
         captured.append(graphs.capture(lambda: pieces.last_piece(hidden, attn), static_inputs=inputs,
@@ -134,5 +146,5 @@ class CapturedGraphs:
 
         def step():  # the graph copies its inputs in itself (buffers.py)
             stager.transfer(staged)
-            return self.forward(meta)
+            return self.forward(meta, plan.key.num_active_loras)
         return graphs.capture(step, static_inputs=self.runner.graph_inputs(), name=f"FULL {plan.key}")

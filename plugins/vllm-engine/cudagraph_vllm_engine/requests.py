@@ -28,6 +28,7 @@ class Planned:
     context_len: int
     num_new: int
     blocks: tuple[int, ...]
+    lora: int | None = None  # the adapter the request names (Request.lora), None: the base model
 
     @property
     def new_tokens(self) -> tuple[int, ...]:
@@ -47,7 +48,7 @@ class Requests(BlockBook):
     def placed(self, request, live, tokens) -> Planned:
         history = tuple(live.tokens[:request.context_len])
         return Planned(request.request_id, live.vllm_id, history + tokens, request.context_len, len(tokens),
-                       tuple(live.blocks))
+                       tuple(live.blocks), getattr(request, "lora", None))
 
     def release(self, request_id: int) -> Live | None:
         live = super().release(request_id)

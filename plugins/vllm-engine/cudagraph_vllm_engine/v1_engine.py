@@ -18,6 +18,7 @@ from harness import protocol as p
 from . import attention_trace, ngram_stand_in, settings
 from .engine import DEFAULT_KV_TOKENS, SAMPLE_CHECK, EngineError, VllmEngine
 from .requests import Requests
+from .v1_lora import load_each, lora_requests, request_lora
 from .v1_observer import V1StepObserver
 from .v1_policy import RUNNER_SWITCH, v1_args, v1_graph_keys
 
@@ -34,6 +35,7 @@ def verify_split(all_tokens, context_len: int, num_new: int, num_speculative_tok
 
 class VllmV1Engine(VllmEngine):
     PADDING_BLOCK = 0  # vLLM's NULL_BLOCK_ID: _build_attention_metadata fills padded rows with it
+    adapters: dict = {}  # adapter id (Request.lora) -> vLLM's LoRARequest; set at build, never changed
     def _build(self) -> None:
         import torch
         from vllm.config import set_current_vllm_config
@@ -46,7 +48,7 @@ class VllmV1Engine(VllmEngine):
         policy = config.policy
         self.num_speculative_tokens = policy.num_speculative_tokens
         attention_trace.install()
-        args = v1_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
+        args = v1_args(config.checkpoint, policy, tuple(config.lora_adapters), dtype=config.dtype, seed=config.seed,
                        max_model_len=config.max_model_len + 1 + policy.num_speculative_tokens)
         with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
                 settings.process_state_restored():
@@ -63,6 +65,16 @@ class VllmV1Engine(VllmEngine):
             if not hasattr(self.runner, "cudagraph_dispatcher"):
                 raise EngineError(f"vLLM's model runner {type(self.runner).__module__}.{type(self.runner).__name__} "
                                    "has no cudagraph_dispatcher: not the V1 GPUModelRunner")
+            self.adapters = {}
+            if config.lora_adapters:
+                from vllm.lora.request import LoRARequest
+
+                if getattr(self.runner, "lora_manager", None) is None:
+                    raise EngineError("vLLM's V1 runner has no lora_manager although LoRA was enabled "
+                                      f"(lora_config {vllm_config.lora_config}): the model was not wrapped for LoRA")
+                self.adapters = lora_requests(tuple(config.lora_adapters), LoRARequest)
+                with set_current_vllm_config(vllm_config), settings.timed(f"  {label}: LoRA adapters loaded once"):
+                    load_each(self.runner.lora_manager, self.adapters)
             with set_current_vllm_config(vllm_config):
                 specs = self.executor.get_kv_cache_specs()
                 with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
@@ -150,6 +162,13 @@ class VllmV1Engine(VllmEngine):
         self._check(record, padded, planned, rows, logits, sampled)
         return padded
 
+    def key_of(self, record):
+        """The BatchDescriptor the forward ran under (its adapter count included), as StepResult.key."""
+        ran = record.ran
+        if ran is None:
+            return None
+        return p.Descriptor(ran.num_tokens, ran.num_reqs, ran.uniform, ran.has_lora, ran.num_active_loras)
+
     @staticmethod
     def _padded(record) -> int:
         if record.forwards != 1 or record.ran is None:
@@ -171,7 +190,8 @@ class VllmV1Engine(VllmEngine):
             tokens, spec = verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)
             new.append(NewRequestData(req_id=q.vllm_id, prompt_token_ids=list(tokens), mm_features=[],
                                       sampling_params=self.sampling, pooling_params=None, block_ids=(list(q.blocks),),
-                                      num_computed_tokens=q.context_len, lora_request=None,
+                                      num_computed_tokens=q.context_len,
+                                      lora_request=request_lora(q.request_id, q.lora, self.adapters),
                                       prefill_token_ids=list(tokens)))
             if spec:
                 drafts[q.vllm_id] = list(spec)
@@ -251,6 +271,15 @@ class VllmV1Engine(VllmEngine):
             return getattr(buffer, "gpu", buffer).data_ptr()
 
         return {name: address(getattr(runner, name)) for name in ("input_ids", "positions", "query_start_loc", "seq_lens")}
+
+    def last_step_inputs(self) -> p.StepInputs:
+        import dataclasses
+
+        inputs = super().last_step_inputs()
+        return dataclasses.replace(inputs, not_exposed={
+            **dict(inputs.not_exposed or {}),
+            "lora_ids": "vLLM keeps each token row's adapter as a slot index in its LoRA manager's punica wrapper "
+                        "(set by set_active_loras each step), not in a static input of the runner this runtime reads"})
 
     def capture_sizes(self) -> list[int]:
         if self.resolved == "NONE":

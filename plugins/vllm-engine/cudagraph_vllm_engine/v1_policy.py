@@ -12,6 +12,7 @@ from harness import protocol as p
 
 from . import settings
 from .policy import VERSION, Answer, VllmPolicy
+from .v1_lora import lora_args
 
 # vLLM 0.25 reads this when a VllmConfig asks which runner to use (envs.py, VllmConfig.use_v2_model_runner).
 RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
@@ -46,21 +47,17 @@ def resolve_v1(vllm_config, support, backend_name: str, decode_query_len: int):
         max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
 
 
-def v1_args(model_dir, config: p.PolicyConfig, **kwargs):
-    """EngineArgs for the V1 runner: ngram drafts (no draft model), LoRA enabled where asked."""
+def v1_args(model_dir, config: p.PolicyConfig, adapters: tuple[str, ...] = (), **kwargs):
+    """EngineArgs for the V1 runner: ngram drafts (no draft model), LoRA enabled where asked (with
+    the adapter folders an engine loads, v1_lora.py)."""
     base = dataclasses.replace(config, num_speculative_tokens=0, max_loras=0)
     args = settings.engine_args(model_dir, base, **kwargs)
     if config.num_speculative_tokens:
         args.speculative_config = {"method": "ngram", "num_speculative_tokens": config.num_speculative_tokens,
                                    "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    if config.max_loras:
-        args.enable_lora, args.max_loras = True, config.max_loras
-        args.specialize_active_lora = config.specialize_active_loras
-        args.max_lora_rank = LORA_RANK
+    for name, value in lora_args(config, adapters).items():
+        setattr(args, name, value)
     return args
-
-
-LORA_RANK = 8  # the harness's adapter rank (harness/expectations/lora_adapter.py)
 
 
 class VllmV1Policy(VllmPolicy):

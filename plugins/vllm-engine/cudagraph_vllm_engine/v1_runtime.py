@@ -24,6 +24,7 @@ from harness import protocol as p
 
 from . import __version__, settings
 from .runtime import PRECISION_WHY, VllmEngineRuntime, precision
+from .v1_lora import lora_args
 from .v1_policy import RUNNER_SWITCH
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures_v1.toml")
@@ -34,7 +35,9 @@ NOTES = ("vLLM {vllm} V1 model runner (GPUModelRunner, CudagraphDispatcher), in-
          "proposes nothing where numba is missing: ngram_stand_in.py); mode and padded size: the forward context's "
          "cudagraph_runtime_mode and BatchDescriptor, checked against the dispatcher's answer and the input length; "
          "logits: compute_logits on every real token's hidden state, raw; eager_step: the dispatcher's answer "
-         "replaced by NONE at the padded shape; no LoRA adapters loaded (max_loras configures the keys only); "
+         "replaced by NONE at the padded shape; LoRA: the harness's PEFT adapters as LoRARequests on each request's "
+         "NewRequestData, loaded by the runner's LoRA manager (v1_lora.py); StepResult.key: the forward context's "
+         "BatchDescriptor; "
          "precision {precision}: {why}")
 
 
@@ -69,7 +72,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, lora=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
+            capture_sizes=True, dispatch=True, mode_resolution=True, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic,
@@ -89,8 +92,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         from .v1_policy import v1_graph_keys
 
         self._check_config(config)
-        if config.policy.max_loras:
-            raise ValueError("vllm-engine-v1 loads no LoRA adapter yet; max_loras is answered as policy only")
+        lora_args(config.policy, tuple(config.lora_adapters))  # refuses adapters vLLM's Llama cannot take, by name
         expected = self.policy.answer(config.policy)
         self.engines_built += 1
         policy = config.policy
