@@ -61,8 +61,6 @@ class VllmEngine(ScheduledEngine):
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         config, label = self.config, self.label
@@ -86,24 +84,11 @@ class VllmEngine(ScheduledEngine):
                 specs = self.executor.get_kv_cache_specs()
                 with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
                     self.runner.profile_run()
-                block_size = self._block_size(specs)
-                kv_tokens = config.kv_tokens or DEFAULT_KV_TOKENS
-                # The null block, the tokens asked for, and one partly filled block per request.
-                num_blocks = 1 + -(-kv_tokens // block_size) + policy.max_num_seqs
-                vllm_config.cache_config.num_gpu_blocks_override = num_blocks
-                register_all_kvcache_specs(vllm_config)
-                kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
-                if kv_configs[0].num_blocks != num_blocks:
-                    raise EngineError(f"vLLM made {kv_configs[0].num_blocks} KV blocks; this runtime asked for {num_blocks}")
-                with settings.timed(f"  {label}: KV cache and graph manager"):
-                    self.executor.collective_rpc("initialize_from_config", args=(kv_configs,))
+                block_size, num_blocks = self._kv_cache(vllm_config, specs, "KV cache and graph manager")
         self.build_warnings = tuple(warnings)
         self.manager = self.runner.cudagraph_manager
         self.resolved = self.manager.cudagraph_mode.name
-        self.attention = sorted({g.backend.get_name() for groups in self.runner.attn_groups for g in groups})
-        if self.attention != [settings.ATTENTION_BACKEND]:
-            raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
-                               f"{settings.ATTENTION_BACKEND} and declares its graph support only")
+        self._check_attention()
         self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
         self.kernel_block_size = self.runner.kernel_block_sizes[0]
         self.requests = Requests(num_blocks, block_size, self.vocab, config.max_model_len, policy.max_num_seqs,
@@ -117,6 +102,31 @@ class VllmEngine(ScheduledEngine):
         # blocks of the build behind for capture_model's own empty_cache() to hand back.
         gc.collect()
         torch.cuda.empty_cache()
+
+    def _kv_cache(self, vllm_config, specs, what: str) -> tuple[int, int]:
+        """The runner's KV cache, of the harness's size: the null block, the tokens asked for, and one
+        partly filled block per request. Returns (block size, blocks)."""
+        import torch
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+        block_size = self._block_size(specs)
+        kv_tokens = self.config.kv_tokens or DEFAULT_KV_TOKENS
+        num_blocks = 1 + -(-kv_tokens // block_size) + self.config.policy.max_num_seqs
+        vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+        register_all_kvcache_specs(vllm_config)
+        kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
+        if kv_configs[0].num_blocks != num_blocks:
+            raise EngineError(f"vLLM made {kv_configs[0].num_blocks} KV blocks; this runtime asked for {num_blocks}")
+        with settings.timed(f"  {self.label}: {what}"):
+            self.executor.collective_rpc("initialize_from_config", args=(kv_configs,))
+        return block_size, num_blocks
+
+    def _check_attention(self) -> None:
+        self.attention = sorted({g.backend.get_name() for groups in self.runner.attn_groups for g in groups})
+        if self.attention != [settings.ATTENTION_BACKEND]:
+            raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
+                               f"{settings.ATTENTION_BACKEND} and declares its graph support only")
 
     @staticmethod
     def _block_size(specs) -> int:

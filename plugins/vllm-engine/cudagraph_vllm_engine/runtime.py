@@ -130,17 +130,25 @@ class VllmEngineRuntime(_Policy):
         label = (f"engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
                  f"tokens={policy.max_num_batched_tokens}")
         engine = VllmEngine(config, label, self.live)
+        return self._held_to_policy(engine, (expected.mode, list(expected.sizes),
+                                             graph_descriptors(expected.dispatcher)), label)
+
+    @staticmethod
+    def _held_to_policy(engine, answered: tuple, label: str):
+        """The built engine if it resolved, sized and keyed its graphs as this runtime's policy answers
+        for its config (closed and refused if not), with its resolution and vLLM's warnings."""
         built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
-        answered = (expected.mode, list(expected.sizes), graph_descriptors(expected.dispatcher))
         if built != answered:
+            settings.event(f"{label}: BUILD CHECK FAILED: engine {built}; policy {answered}")
             engine.close()
             raise RuntimeError(f"{label}: vLLM's engine resolved {built[0]}, capture sizes {built[1]}, graphs "
                                f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
                                "for the same config: the policy questions would be answered for another engine")
-        engine.resolution = p.Resolution(policy.mode, engine.resolved, engine.build_warnings)
-        if engine.resolved != policy.mode:
+        mode = engine.config.policy.mode
+        engine.resolution = p.Resolution(mode, engine.resolved, engine.build_warnings)
+        if engine.resolved != mode:
             for message in engine.build_warnings:
-                warnings.warn(f"vLLM: {message}", stacklevel=2)
+                warnings.warn(f"vLLM: {message}", stacklevel=3)
         return engine
 
     def _check_config(self, config: p.EngineConfig) -> None:

@@ -16,7 +16,7 @@ import time
 from harness import protocol as p
 
 from . import attention_trace, ngram_stand_in, settings
-from .engine import DEFAULT_KV_TOKENS, SAMPLE_CHECK, EngineError, VllmEngine
+from .engine import SAMPLE_CHECK, EngineError, VllmEngine
 from .requests import Requests
 from .v1_lora import load_each, lora_requests, request_lora
 from .v1_observer import V1StepObserver
@@ -36,12 +36,11 @@ def verify_split(all_tokens, context_len: int, num_new: int, num_speculative_tok
 class VllmV1Engine(VllmEngine):
     PADDING_BLOCK = 0  # vLLM's NULL_BLOCK_ID: _build_attention_metadata fills padded rows with it
     adapters: dict = {}  # adapter id (Request.lora) -> vLLM's LoRARequest; set at build, never changed
+
     def _build(self) -> None:
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         config, label = self.config, self.label
@@ -79,23 +78,11 @@ class VllmV1Engine(VllmEngine):
                 specs = self.executor.get_kv_cache_specs()
                 with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
                     self.runner.profile_run()
-                block_size = self._block_size(specs)
-                kv_tokens = config.kv_tokens or DEFAULT_KV_TOKENS
-                num_blocks = 1 + -(-kv_tokens // block_size) + policy.max_num_seqs
-                vllm_config.cache_config.num_gpu_blocks_override = num_blocks
-                register_all_kvcache_specs(vllm_config)
-                kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
-                if kv_configs[0].num_blocks != num_blocks:
-                    raise EngineError(f"vLLM made {kv_configs[0].num_blocks} KV blocks; this runtime asked for {num_blocks}")
-                with settings.timed(f"  {label}: KV cache and dispatcher keys"):
-                    self.executor.collective_rpc("initialize_from_config", args=(kv_configs,))
+                block_size, num_blocks = self._kv_cache(vllm_config, specs, "KV cache and dispatcher keys")
         self.build_warnings = tuple(warnings)
         self.dispatcher = self.manager = self.runner.cudagraph_dispatcher
         self.resolved = self.dispatcher.cudagraph_mode.name
-        self.attention = sorted({g.backend.get_name() for groups in self.runner.attn_groups for g in groups})
-        if self.attention != [settings.ATTENTION_BACKEND]:
-            raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
-                               f"{settings.ATTENTION_BACKEND} and declares its graph support only")
+        self._check_attention()
         self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
         sizes = getattr(self.runner, "kernel_block_sizes", None) or getattr(self.runner, "_init_kernel_block_sizes", None)
         if not sizes or not isinstance(sizes[0], int):

@@ -86,8 +86,6 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
     MEMORY_KEPT = 192 << 20
 
     def build(self, config: p.EngineConfig):
-        import warnings
-
         from .v1_engine import VllmV1Engine
         from .v1_policy import v1_graph_keys
 
@@ -99,16 +97,5 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         label = (f"V1 engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
                  f"tokens={policy.max_num_batched_tokens} k={policy.num_speculative_tokens}")
         engine = VllmV1Engine(config, label, self.live)
-        built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
-        answered = (expected.mode, list(expected.sizes), v1_graph_keys(expected.dispatcher))
-        if built != answered:
-            settings.event(f"{label}: BUILD CHECK FAILED: engine {built}; V1 policy {answered}")
-            engine.close()
-            raise RuntimeError(f"{label}: vLLM's V1 engine resolved {built[0]}, capture sizes {built[1]}, keys "
-                               f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
-                               "for the same config: the policy questions would be answered for another engine")
-        engine.resolution = p.Resolution(policy.mode, engine.resolved, engine.build_warnings)
-        if engine.resolved != policy.mode:
-            for message in engine.build_warnings:
-                warnings.warn(f"vLLM: {message}", stacklevel=2)
-        return engine
+        return self._held_to_policy(engine, (expected.mode, list(expected.sizes), v1_graph_keys(expected.dispatcher)),
+                                    label)
