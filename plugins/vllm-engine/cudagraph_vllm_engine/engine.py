@@ -38,6 +38,22 @@ class EngineError(RuntimeError):
     """vLLM did something other than what this runtime asked, or the runtime misread it."""
 
 
+def request_rows(req_ids: list, starts, planned) -> list:
+    """(request, its token rows) for each planned request, from vLLM's batch order and query starts;
+    refused where vLLM's batch lacks a request or scheduled it another number of tokens."""
+    where = {req_id: i for i, req_id in enumerate(req_ids)}
+    rows = []
+    for q in planned:
+        if q.vllm_id not in where:
+            raise EngineError(f"vLLM's batch has no request {q.vllm_id}; it ran {req_ids}")
+        i = where[q.vllm_id]
+        span = range(int(starts[i]), int(starts[i + 1]))
+        if len(span) != q.num_new:
+            raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
+        rows.append((q, span))
+    return rows
+
+
 class VllmEngine(ScheduledEngine):
     engine_name = "vLLM"
     PADDING_BLOCK = None  # what padded request rows' block tables hold (StepInputs.padding_block)
@@ -226,12 +242,16 @@ class VllmEngine(ScheduledEngine):
         way, vllm/v1/worker/gpu/warmup.py)."""
         from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 
-        output = SchedulerOutput.make_empty()
-        output.scheduled_new_reqs = [
+        return self._scheduled([
             NewRequestData(req_id=q.vllm_id, prompt_token_ids=list(q.all_tokens), mm_features=[],
                            sampling_params=self.sampling, pooling_params=None, block_ids=(list(q.blocks),),
                            num_computed_tokens=q.context_len, lora_request=None, prefill_token_ids=list(q.all_tokens))
-            for q in planned]
+            for q in planned], planned, SchedulerOutput.make_empty())
+
+    def _scheduled(self, new_reqs: list, planned, output):
+        """`output` (an empty SchedulerOutput) scheduling these new requests, each resumed with its
+        tokens so far, and ending the requests released since the last step."""
+        output.scheduled_new_reqs = new_reqs
         output.num_scheduled_tokens = {q.vllm_id: q.num_new for q in planned}
         output.total_num_scheduled_tokens = sum(q.num_new for q in planned)
         output.num_common_prefix_blocks = [0]
@@ -241,18 +261,16 @@ class VllmEngine(ScheduledEngine):
     @staticmethod
     def _rows(batch, planned):
         """Each request's rows in the runner's batch (V2 orders requests by token count)."""
-        where = {req_id: i for i, req_id in enumerate(batch.req_ids)}
-        starts = batch.query_start_loc_np
-        rows = []
-        for q in planned:
-            if q.vllm_id not in where:
-                raise EngineError(f"vLLM's batch has no request {q.vllm_id}; it ran {batch.req_ids}")
-            i = where[q.vllm_id]
-            span = range(int(starts[i]), int(starts[i + 1]))
-            if len(span) != q.num_new:
-                raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
-            rows.append((q, span))
-        return rows
+        return request_rows(list(batch.req_ids), batch.query_start_loc_np, planned)
+
+    def _check_slots(self, record, rows) -> None:
+        """The KV slots vLLM computed are the ones this runtime's block bookkeeping gives each token."""
+        slots = record.slot_mapping.tolist()
+        for q, span in rows:
+            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
+            if slots[span.start:span.stop] != want:
+                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
+                                   f"runtime's block bookkeeping says {want}")
 
     def _check(self, record, padded, planned, rows, logits, sampled) -> None:
         """Fail loudly where vLLM did not run what this runtime asked, or where the runtime misread it."""
@@ -262,12 +280,7 @@ class VllmEngine(ScheduledEngine):
         if ran.cg_mode.name != record.path or ran.num_tokens != padded:
             raise EngineError(f"vLLM's dispatcher chose {ran.cg_mode.name} at {ran.num_tokens} tokens, but the forward "
                                f"took the {record.path} path at {padded}")
-        slots = record.slot_mapping.tolist()
-        for q, span in rows:
-            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
-            if slots[span.start:span.stop] != want:
-                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
-                                   f"runtime's block bookkeeping says {want}")
+        self._check_slots(record, rows)
         by_id = dict(zip(sampled.req_ids, sampled.sampled_token_ids))
         row, bad = 0, []
         tolerance = SAMPLE_CHECK.get(self.config.dtype, 0.25)

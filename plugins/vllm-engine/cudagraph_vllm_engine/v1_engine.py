@@ -16,7 +16,7 @@ import time
 from harness import protocol as p
 
 from . import attention_trace, ngram_stand_in, settings
-from .engine import SAMPLE_CHECK, EngineError, VllmEngine
+from .engine import SAMPLE_CHECK, EngineError, VllmEngine, request_rows
 from .requests import Requests
 from .v1_lora import load_each, lora_requests, request_lora
 from .v1_observer import V1StepObserver
@@ -182,30 +182,13 @@ class VllmV1Engine(VllmEngine):
                                       prefill_token_ids=list(tokens)))
             if spec:
                 drafts[q.vllm_id] = list(spec)
-        output.scheduled_new_reqs = new
         output.scheduled_spec_decode_tokens = drafts
-        output.num_scheduled_tokens = {q.vllm_id: q.num_new for q in planned}
-        output.total_num_scheduled_tokens = sum(q.num_new for q in planned)
-        output.num_common_prefix_blocks = [0]
-        output.finished_req_ids = self.requests.take_finished()
-        return output
+        return self._scheduled(new, planned, output)
 
     @staticmethod
     def _rows(runner, planned):
         """Each request's rows in the V1 runner's persistent batch (its query_start_loc)."""
-        req_ids = list(runner.input_batch.req_ids)
-        where = {req_id: i for i, req_id in enumerate(req_ids)}
-        starts = runner.query_start_loc.np
-        rows = []
-        for q in planned:
-            if q.vllm_id not in where:
-                raise EngineError(f"vLLM's V1 batch has no request {q.vllm_id}; it ran {req_ids}")
-            i = where[q.vllm_id]
-            span = range(int(starts[i]), int(starts[i + 1]))
-            if len(span) != q.num_new:
-                raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
-            rows.append((q, span))
-        return rows
+        return request_rows(list(runner.input_batch.req_ids), runner.query_start_loc.np, planned)
 
     def _check(self, record, padded, planned, rows, logits, sampled) -> None:
         mode, desc = record.dispatched[-1] if record.dispatched else (None, None)
@@ -216,12 +199,7 @@ class VllmV1Engine(VllmEngine):
                                f"{record.path} {record.ran}")
         if record.slot_mapping is None:
             raise EngineError("the forward context held no slot mapping")
-        slots = record.slot_mapping.tolist()
-        for q, span in rows:
-            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
-            if slots[span.start:span.stop] != want:
-                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
-                                   f"runtime's block bookkeeping says {want}")
+        self._check_slots(record, rows)
         self.accepted = self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
 
     def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
