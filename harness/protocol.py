@@ -29,12 +29,15 @@ from harness.vocabulary import SPEC_RELEASE, VLLM_RELEASES, parse_rules, rules_n
 # the suites read to choose their expectations. An engine's own facts are named data in
 # `declarations` (DECLARATIONS lists those the harness reads), never a new field per engine.
 OPERATIONS = ("capture_sizes", "dispatch", "mode_resolution", "data_parallel", "lora", "speculative", "execution",
-              "speculative_steps", "rejected_drafts", "graph_backends", "attention_backends", "padding_fills",
+              "lora_steps", "speculative_steps", "rejected_drafts", "graph_backends", "attention_backends", "padding_fills",
               "loads_checkpoint", "kv_inspection", "input_inspection", "address_checks", "data_parallel_execution")
 FACTS = ("rules", "batch_invariant", "outputs_alias_graph_buffers", "lazy_capture", "precision",
          "memory_kept_per_build", "declarations", "notes")
 DECLARATIONS = {  # name -> what declaring it (true) says; the suites check each one they read
     "random_padding_ids": "padded rows get token ids drawn anew every step (LMDeploy's, for MoE routing)",
+    # A tuple of dtypes: the LoRA suite builds its engines in the first where the suites' dtype is not
+    # among them, and holds the runtime to refusing a LoRA build in any other.
+    "lora_dtypes": "the only dtypes its engines run LoRA adapters in (vLLM's LoRA kernels: float16, bfloat16)",
 }
 
 

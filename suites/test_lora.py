@@ -30,8 +30,35 @@ LENGTHS = [5, 3, 7, 4, 6, 2]
 NO_ADAPTER = "an eager step of the same runtime at the same padded shape with no adapter named"
 
 
+def lora_dtypes(engines) -> tuple[str, ...] | None:
+    """The only dtypes the runtime declares it runs adapters in (Capabilities.declarations), or None."""
+    declared = engines.runtime.capabilities.declarations.get("lora_dtypes")
+    return tuple(declared) if declared else None
+
+
 def lora_engine(engines, mode, **kw):
-    return engines.for_mode(mode, max_loras=MAX_LORAS, specialize_active_loras=True, **kw)
+    """An engine with the harness's adapters, in the suites' dtype, or the first the runtime declares
+    it runs adapters in where the suites' is not one."""
+    declared = lora_dtypes(engines)
+    dtype = declared[0] if declared and engines.dtype not in declared else None
+    return engines.for_mode(mode, max_loras=MAX_LORAS, specialize_active_loras=True, dtype=dtype, **kw)
+
+
+def test_a_lora_build_outside_its_declared_dtypes_is_refused(check, engines):
+    """A runtime that declares lora_dtypes refuses (ValueError, before building) an engine with
+    adapters in any other dtype, rather than failing inside its kernels at capture."""
+    declared = lora_dtypes(engines)
+    if not declared:
+        check.skip("declares no lora_dtypes: it runs adapters in whatever dtype it is built in")
+    other = next(d for d in ("float32", "bfloat16", "float16") if d not in declared)
+    try:  # a fresh engine: the factory closes it after the test
+        engines.get(fresh=True, capture=False, mode="FULL_DECODE_ONLY", max_loras=MAX_LORAS,
+                    specialize_active_loras=True, dtype=other)
+    except ValueError:
+        return
+    check.that(False, source="the runtime's declared lora_dtypes (Capabilities.declarations)",
+               what=f"it built an engine with LoRA adapters in {other}, which its declared lora_dtypes {declared} "
+                    "leave out", declared=declared, dtype=other)
 
 
 def live(engines, engine, adapters=ADAPTERS):

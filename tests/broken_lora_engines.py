@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from reference_runtime.adapter import ReferenceRuntime
 from reference_runtime.engine.seams import Wrapped
 from reference_runtime.engine.strategy import CapturedGraphs
 from reference_runtime.policy import Dispatcher
@@ -95,4 +96,11 @@ GraphSharedAcrossAdapterCounts = mutant(
     with_seams(strategy=_OneGraphForEveryAdapterCount),
     "One graph per size serves every adapter count: fewer graphs than the keys the policy names.")
 
-MUTANTS = [GraphSharedAcrossAdapterCounts, GraphsWithoutAdapters, KeyIgnoresAdapterCount, PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest]
+_DECLARES_LORA_DTYPES = replace(ReferenceRuntime.capabilities,
+                                declarations={"lora_dtypes": ("bfloat16", "float16")})
+LoraDtypesDeclaredNotHeld = type("LoraDtypesDeclaredNotHeld", (ReferenceRuntime,), {
+    "name": "lora-dtypes-declared-not-held", "capabilities": _DECLARES_LORA_DTYPES,
+    "__doc__": "Declares it runs adapters in float16 and bfloat16 only, yet builds a LoRA engine in float32 "
+               "(the engine a real one would fail inside its kernels at capture)."})
+
+MUTANTS = [LoraDtypesDeclaredNotHeld, GraphSharedAcrossAdapterCounts, GraphsWithoutAdapters, KeyIgnoresAdapterCount, PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest]

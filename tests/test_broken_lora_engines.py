@@ -12,6 +12,8 @@ LORA = "test_lora.py::"
 
 # mutant -> (tests to run, words the failure must contain)
 MUST_CATCH = {
+    "LoraDtypesDeclaredNotHeld": ([LORA + "test_a_lora_build_outside_its_declared_dtypes_is_refused"],
+                                  "which its declared lora_dtypes"),
     "GraphsWithoutAdapters": (
         [LORA + "test_graph_equals_eager_with_adapters_on_some_rows[{name}-FULL_DECODE_ONLY]"], "graph step vs eager"),
     "GraphSharedAcrossAdapterCounts": ([LORA + "test_a_graph_for_every_adapter_key"], "a graph per key"),
@@ -43,5 +45,9 @@ def test_the_reference_passes_what_catches_them(pytester):
 
     targets = sorted({t.format(name="reference") for ts, _ in MUST_CATCH.values() for t in ts})
     report = run_suites(pytester, "reference", targets)
-    assert [t["outcome"] for t in report["tests"]] == ["passed"] * len(targets), \
+    # The reference declares no lora_dtypes: it runs adapters in any dtype, so that test is skipped.
+    undeclared = "test_a_lora_build_outside_its_declared_dtypes_is_refused"
+    assert [t["outcome"] for t in report["tests"]] == \
+        ["skipped" if undeclared in t["nodeid"] else "passed" for t in report["tests"]], \
         [(t["nodeid"], t.get("reason")) for t in report["tests"]]
+    assert any(undeclared in t["nodeid"] for t in report["tests"]) and len(report["tests"]) == len(targets)

@@ -117,7 +117,7 @@ class EngineFactory:
 
     def config(self, mode="FULL_AND_PIECEWISE", attention=(), spec=0, max_num_seqs=None,
                max_num_batched_tokens=None, max_model_len=None, kv_tokens=None, max_loras=0,
-               specialize_active_loras=False) -> EngineConfig:
+               specialize_active_loras=False, dtype=None) -> EngineConfig:
         """The engine the suites ask for; with no attention named, the strongest one declared. With
         max_loras, as many of the harness's LoRA adapters (lora_adapters.py), ids 1 to max_loras."""
         attention = tuple(attention) or expected.default_attention(self.runtime)
@@ -127,7 +127,7 @@ class EngineFactory:
                               specialize_active_loras=specialize_active_loras)
         if self.runtime.capabilities.has("vllm_rules"):  # held to the rules of the release it declares
             policy = expected.vllm_rules(self.runtime, policy)
-        return EngineConfig(preset=self.preset, dtype=self.dtype, device=device_for(self.graph_backend),
+        return EngineConfig(preset=self.preset, dtype=dtype or self.dtype, device=device_for(self.graph_backend),
                             graph_backend=self.graph_backend, policy=policy, attention_backends=attention,
                             max_model_len=max_model_len or self.max_model_len, kv_tokens=kv_tokens or self.kv_tokens,
                             checkpoint=self.checkpoint(),

@@ -60,14 +60,23 @@ def max_lora_rank(configs) -> int:
     raise AdapterRefused(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_RANKS[-1]})")
 
 
-def lora_args(policy: p.PolicyConfig, adapters: tuple[str, ...]) -> dict:
+# vLLM 0.25's LoRA kernels assert their weights are half precision (vllm/lora/ops/triton_ops/
+# lora_expand_op.py, _lora_expand): an engine in float32 would fail inside them at capture.
+LORA_DTYPES = ("bfloat16", "float16")
+
+
+def lora_args(policy: p.PolicyConfig, adapters: tuple[str, ...], dtype: str | None = None) -> dict:
     """The EngineArgs fields of an engine with these adapters (none where LoRA is off): as many
-    adapters cached on the CPU as there are, max_loras per batch as the policy says."""
+    adapters cached on the CPU as there are, max_loras per batch as the policy says. Refused in a
+    dtype vLLM's LoRA kernels do not take."""
     if not policy.max_loras:
         if adapters:
             raise ValueError(f"{len(adapters)} LoRA adapters given, but max_loras=0 (LoRA off): set "
                              "PolicyConfig.max_loras to the most adapters one batch may use")
         return {}
+    if dtype is not None and dtype not in LORA_DTYPES:
+        raise ValueError(f"LoRA adapters in {dtype}: vLLM 0.25's LoRA kernels take {' or '.join(LORA_DTYPES)} only "
+                         "(vllm/lora/ops/triton_ops/lora_expand_op.py); build the engine in one of them")
     configs = [read_adapter(folder) for folder in adapters]
     return dict(enable_lora=True, max_loras=policy.max_loras, max_lora_rank=max_lora_rank(configs),
                 max_cpu_loras=max(policy.max_loras, len(adapters)),

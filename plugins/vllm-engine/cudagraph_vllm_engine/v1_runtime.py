@@ -24,7 +24,7 @@ from harness import protocol as p
 
 from . import __version__, settings
 from .runtime import PRECISION_WHY, VllmEngineRuntime, precision
-from .v1_lora import lora_args
+from .v1_lora import LORA_DTYPES, lora_args
 from .v1_policy import RUNNER_SWITCH
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures_v1.toml")
@@ -75,7 +75,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
             capture_sizes=True, dispatch=True, mode_resolution=True, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
-            outputs_alias_graph_buffers=False, precision=arithmetic,
+            outputs_alias_graph_buffers=False, precision=arithmetic, declarations={"lora_dtypes": LORA_DTYPES},
             memory_kept_per_build=self.MEMORY_KEPT,
             notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
                                why=PRECISION_WHY[arithmetic]))
@@ -90,7 +90,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         from .v1_policy import v1_graph_keys
 
         self._check_config(config)
-        lora_args(config.policy, tuple(config.lora_adapters))  # refuses adapters vLLM's Llama cannot take, by name
+        lora_args(config.policy, tuple(config.lora_adapters), config.dtype)  # refuses what vLLM cannot take, by name
         expected = self.policy.answer(config.policy)
         self.engines_built += 1
         policy = config.policy

@@ -104,3 +104,10 @@ def test_a_step_reports_the_key_its_forward_ran_under():
     ran = SimpleNamespace(num_tokens=8, num_reqs=8, uniform=True, has_lora=True, num_active_loras=2)
     assert engine.key_of(SimpleNamespace(ran=ran)) == p.Descriptor(8, 8, True, True, 2)
     assert engine.key_of(SimpleNamespace(ran=None)) is None
+
+
+def test_adapters_in_a_dtype_vllms_lora_kernels_refuse_are_refused_before_building(adapters):
+    policy = p.PolicyConfig(max_num_seqs=8, max_num_batched_tokens=64, max_loras=2)
+    with pytest.raises(ValueError, match="float32: vLLM 0.25's LoRA kernels take bfloat16 or float16 only"):
+        v1_lora.lora_args(policy, adapters, "float32")
+    assert v1_lora.lora_args(policy, adapters, "bfloat16")["enable_lora"] is True
