@@ -16,7 +16,7 @@ same runtime, and transformers' forward.
 """
 import pytest
 
-from harness.expectations import kv
+from harness.expectations import kv, presets
 from harness.protocol import KVCacheFull, Request
 from harness.reliability.safe import describe_exception
 from harness.scenarios import full_cache
@@ -28,13 +28,13 @@ pytestmark = pytest.mark.requires("execution", "kv_inspection", "input_inspectio
 DECLARED = "the protocol: a step refused for lack of KV blocks raises KVCacheFull (harness.protocol)"
 
 
-def fill(check, engines, engine, block_size: int, decoders: int, kv_tokens: int,
+def fill(check, engines, engine, block_size: int, decoders: int, kv_tokens: int, max_model_len: int,
          held_before: int | None = None) -> full_cache.Filled:
     """Every block taken; the refusal that ended the fill checked, and kv_tokens held (after a
     serving run, `held_before`: as many blocks as the first fill took)."""
     most = 4 * -(-kv_tokens // block_size) + decoders
     filled = full_cache.fill(engine, engines.new_id, block_size, engine.policy.max_num_batched_tokens,
-                             engines.max_model_len, decoders, most)
+                             max_model_len, decoders, most)
     if filled.refusal is None:
         full_cache.release(engine, filled)
         check.skip(f"holds more than {most} blocks of {block_size} tokens, four times kv_tokens: not filled here")
@@ -82,17 +82,18 @@ def test_padded_graph_steps_on_a_full_cache(check, engines, mode):
     if not block_size:
         check.skip("does not expose its KV block size (StepInputs.block_size): the fill cannot count blocks")
     seats = engines.for_mode(mode).policy.max_num_seqs
-    cache = fillable(seats, engines.max_model_len // block_size)
+    max_model_len = presets.preset(engines.preset).max_positions  # long fillers: fewer seats fill the cache
+    cache = fillable(seats, max_model_len // block_size)
     if cache is None:
-        check.skip(f"max_model_len {engines.max_model_len} holds fewer than two blocks of {block_size} tokens: "
+        check.skip(f"max_model_len {max_model_len} holds fewer than two blocks of {block_size} tokens: "
                    f"{seats} requests cannot fill a KV cache beside the blocks an engine keeps apart")
     decoders, blocks = cache
     kv_tokens = blocks * block_size
-    engine = engines.for_mode(mode, kv_tokens=kv_tokens)
+    engine = engines.for_mode(mode, kv_tokens=kv_tokens, max_model_len=max_model_len)
     counts = padded_counts(engines.runtime, engine.policy, decoders)[: block_size - 1]
     if not counts:
         check.skip(f"no batch of at most {decoders} decodes runs padded under its policy")
-    filled = fill(check, engines, engine, block_size, max(counts), kv_tokens)
+    filled = fill(check, engines, engine, block_size, max(counts), kv_tokens, max_model_len)
     caps = engines.runtime.capabilities
     anchor = engines.anchor() if caps.loads_checkpoint else None
     tolerance = anchor.tolerance(caps.precision, engines.preset) if anchor else None
@@ -124,7 +125,7 @@ def test_padded_graph_steps_on_a_full_cache(check, engines, mode):
                             f"{tolerance.explain()}", largest_difference=difference)
         advance(filled.decoders, requests)
     full_cache.release(engine, filled)
-    full_cache.release(engine, fill(check, engines, engine, block_size, max(counts), kv_tokens,
+    full_cache.release(engine, fill(check, engines, engine, block_size, max(counts), kv_tokens, max_model_len,
                                     held_before=filled.blocks))
     check.that(padded > 0 or bool(refused), source=OBSERVED, refused=refused,
                what="none of the decode batches chosen to be padded ran padded on the full cache")
