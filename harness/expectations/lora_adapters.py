@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from . import presets
@@ -72,22 +71,13 @@ def adapter(name: str, seed: int = 0, index: int = 1, root: str | os.PathLike | 
     and seed, written once and shared by every process (written aside, then renamed into place)."""
     from safetensors.torch import save_file
 
-    root = Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
-    folder = root / f"{name}-seed{seed}-lora{index}-{fingerprint(name)}"
-    if (folder / "adapter_config.json").exists():
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
-    save_file({k: v.contiguous() for k, v in adapter_weights(name, seed, index).items()},
-              str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (staging / "adapter_config.json").write_text(json.dumps(adapter_config(name), indent=2, sort_keys=True) + "\n")
-    try:
-        staging.rename(folder)
-    except OSError:  # another process got there first; theirs holds the same weights
-        import shutil
+    def write(staging: Path) -> None:
+        save_file({k: v.contiguous() for k, v in adapter_weights(name, seed, index).items()},
+                  str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (staging / "adapter_config.json").write_text(json.dumps(adapter_config(name), indent=2, sort_keys=True) + "\n")
 
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
+    folder = presets.checkpoint_root(root) / f"{name}-seed{seed}-lora{index}-{fingerprint(name)}"
+    return presets.written_once(folder, "adapter_config.json", write)
 
 
 def adapters(name: str, count: int, seed: int = 0, root: str | os.PathLike | None = None) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -179,15 +180,39 @@ def _transformers_version() -> str:
 
 
 def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) -> Path:
-    """The checkpoint folder of a preset and seed, written once and shared by every process.
+    """The checkpoint folder of a preset and seed, written once and shared by every process
+    (`written_once`)."""
 
-    Written to a private folder and renamed into place, so concurrent writers (xdist workers)
-    never see half a checkpoint.
-    """
-    root = Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
-    folder = root / f"{name}-seed{seed}-transformers{_transformers_version()}-{fingerprint(name)}"
-    if (folder / "config.json").exists():
+    def write(staging: Path) -> None:
+        seeded_model(name, seed).save_pretrained(staging, safe_serialization=True)
+        written = json.loads((staging / "config.json").read_text())
+        fields = config_fields(name)
+        written.update(rope_parameters=fields["rope_parameters"], **rope_4x(fields["rope_parameters"]))  # both releases' keys
+        (staging / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+
+    folder = checkpoint_root(root) / f"{name}-seed{seed}-transformers{_transformers_version()}-{fingerprint(name)}"
+    return written_once(folder, "config.json", write)
+
+
+def checkpoint_root(root: str | os.PathLike | None = None) -> Path:
+    """Where the harness's checkpoints and adapters live: `root`, else $CUDAGRAPH_CHECKPOINTS, else
+    a folder in the system's temporary directory."""
+    return Path(root or os.environ.get("CUDAGRAPH_CHECKPOINTS") or Path(tempfile.gettempdir()) / "cudagraph-checkpoints")
+
+
+def written_once(folder: Path, marker: str, write) -> Path:
+    """`folder`, written by `write(staging)` unless `folder/marker` is there already: written aside,
+    then renamed into place, so concurrent writers (xdist workers) never see half of it."""
+    if (folder / marker).exists():
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    write(staging)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process got there first; what it wrote is the same
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
     seeded_model(name, seed).save_pretrained(staging, safe_serialization=True)
@@ -207,5 +232,6 @@ def checkpoint(name: str, seed: int = 0, root: str | os.PathLike | None = None) 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "ANCHORED", "NOT_DEFAULT", "ROPE", "WEIGHT_RECIPE", "Preset", "PRESETS", "preset",
-    "config_fields", "hf_config", "seeded_model", "fingerprint", "checkpoint", "rope_of", "untrusted_transformers",
+    "config_fields", "hf_config", "seeded_model", "fingerprint", "checkpoint", "checkpoint_root", "written_once", "rope_of",
+    "untrusted_transformers",
 ]
