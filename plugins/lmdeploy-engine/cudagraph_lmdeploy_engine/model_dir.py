@@ -42,6 +42,17 @@ def model_dir(checkpoint: str | os.PathLike, root: str | os.PathLike | None = No
     return folder
 
 
+# LMDeploy's Triton attention multiplies each head with tl.dot, whose inner size must be 16 or more
+# (Triton: "Input shapes should have M >= 1, N >= 1 and K >= 16"): narrower heads fail to compile.
+MIN_HEAD_DIM = 16
+
+
+def head_dim(checkpoint: str | os.PathLike) -> int:
+    """The width of the checkpoint's attention heads (config.json's head_dim, else hidden / heads)."""
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
 def write_tokenizer(folder: Path, vocab: int) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

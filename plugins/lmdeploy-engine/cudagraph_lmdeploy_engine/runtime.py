@@ -21,6 +21,7 @@ from harness.kit.delegate import PolicyDelegate
 from harness.vocabulary import FDO
 
 from . import LMDEPLOY_VERSION, __version__, settings
+from .model_dir import MIN_HEAD_DIM, head_dim
 from .policy import ATTENTION, SUPPORT, LmdeployPolicy, resolve
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
@@ -75,6 +76,10 @@ class LmdeployEngineRuntime(LmdeployPolicyRuntime):
     def build(self, config: p.EngineConfig):
         from .engine import LmdeployEngine
 
+        if config.checkpoint is not None and head_dim(config.checkpoint) < MIN_HEAD_DIM:
+            raise p.UnsupportedCheckpoint(
+                f"attention heads {head_dim(config.checkpoint)} wide: LMDeploy's Triton attention needs them "
+                f"{MIN_HEAD_DIM} wide or more (tl.dot's K >= 16); run with --preset small")
         self._check_config(config)
         self.policy.sizes(replace(config.policy, mode=FDO))  # ValueError, before any build, for what LMDeploy rejects
         resolved, downgrades = resolve(config.policy.mode)

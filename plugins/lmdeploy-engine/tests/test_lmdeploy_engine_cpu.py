@@ -285,6 +285,28 @@ def test_the_model_folder_links_the_checkpoint_and_has_a_tokenizer_over_its_voca
         model_dir(tmp_path / "nothing", root=tmp_path)
 
 
+def test_a_checkpoint_of_heads_narrower_than_lmdeploys_kernels_take_is_refused_as_one_verdict(tmp_path):
+    import json
+
+    from harness import protocol as p
+    from harness.expectations import presets
+
+    from cudagraph_lmdeploy_engine.model_dir import MIN_HEAD_DIM, head_dim
+    from cudagraph_lmdeploy_engine.runtime import LmdeployEngineRuntime
+
+    runtime = object.__new__(LmdeployEngineRuntime)  # its constructor needs a GPU and LMDeploy
+    checkpoint = presets.checkpoint("tiny")
+    assert head_dim(checkpoint) == presets.preset("tiny").head_dim < MIN_HEAD_DIM
+    config = p.EngineConfig(preset="tiny", checkpoint=str(checkpoint), device="cpu", graph_backend="emulated")
+    with pytest.raises(p.UnsupportedCheckpoint, match=f"8 wide: .* needs them {MIN_HEAD_DIM} wide or more"):
+        runtime.build(config)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 512, "num_attention_heads": 8}))
+    assert head_dim(tmp_path) == 64
+    with pytest.raises(Exception) as raised:  # past the checkpoint: refused for this machine's device instead
+        runtime.build(p.EngineConfig(preset="small", checkpoint=str(tmp_path), device="cpu", graph_backend="emulated"))
+    assert not isinstance(raised.value, p.UnsupportedCheckpoint)
+
+
 # -- without a GPU -------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_without_a_gpu_the_runtime_says_why_it_cannot_start(pytester):
