@@ -43,12 +43,18 @@ MOVED = {
     "harness.hypothesis_profiles": "harness.session.hypothesis_profiles",
     "harness.known_failures": "harness.session.known_failures",
     "harness.machine": "harness.session.machine",
+    # 0.4.0's floors (docs/architecture.md): moved above the rooms that import them
+    "harness.scenarios.ranks": "harness.runtime.ranks",
+    "harness.reliability.supervisor": "harness.supervisor",
 }
+MOVED_IN = {"harness.scenarios.ranks": "0.4.0", "harness.reliability.supervisor": "0.4.0"}  # else SINCE
 
 
 def message(old: str) -> str:
-    return (f"{old} moved to {MOVED[old]} in harness {SINCE}; import {MOVED[old]} instead "
-            f"({old} may be removed in {REMOVED_IN}; see CHANGELOG.md)")
+    since = MOVED_IN.get(old, SINCE)
+    until = NAMES_REMOVED_IN if old in MOVED_IN else REMOVED_IN
+    return (f"{old} moved to {MOVED[old]} in harness {since}; import {MOVED[old]} instead "
+            f"({old} may be removed in {until}; see CHANGELOG.md)")
 
 
 # The old paths imported in this process. A runtime is imported while pytest configures, before
