@@ -84,6 +84,28 @@ RENAMED: dict[str, str] = {}  # "Class.old" -> "Class.new", for the docs' and th
 REPLACED: dict[str, str] = {}
 
 
+# Names that moved to another module (0.4.0's floors moved the engine factory out of the step
+# proxy's module): "old.module.Name" -> "new.module.Name". The old module reads each through
+# `names_moved`, with a DeprecationWarning, until NAMES_REMOVED_IN.
+NAMES_MOVED: dict[str, str] = {}
+
+
+def names_moved(old_module: str, new_module: str, names: tuple[str, ...], since: str):
+    """A module `__getattr__` for `old_module`: each of `names` is read from `new_module` (imported on
+    first use, so the new module may import the old one) with a DeprecationWarning naming it."""
+    for name in names:
+        NAMES_MOVED[f"{old_module}.{name}"] = f"{new_module}.{name}"
+
+    def __getattr__(name: str):
+        if name not in names:
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        warnings.warn(f"{old_module}.{name} moved to {new_module}.{name} in harness {since}; import it from "
+                      f"{new_module} ({old_module}.{name} may be removed in {NAMES_REMOVED_IN}; see CHANGELOG.md)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new_module), name)
+    return __getattr__
+
+
 def name_message(owner: str, old: str, new: str) -> str:
     return (f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
             f"{NAMES_REMOVED_IN}; see CHANGELOG.md)")

@@ -75,6 +75,16 @@ def assert_caught(pytester, record_property, runtime_spec: str, doc: str, target
     assert not absent, f"{runtime_spec} was caught, but the failure does not say {absent}:\n{text[-3000:]}"
 
 
+def assert_mutant_caught(pytester, record_property, module, mutant: str, must_catch: dict) -> None:
+    """One row of a catch table: `must_catch[mutant]` is (targets, words the failure must contain); a
+    target may name the runtime as {name}; the suite files of the targets must each catch it."""
+    runtime = getattr(module, mutant)
+    targets, words = must_catch[mutant]
+    targets = [target.format(name=getattr(runtime, "name", "")) for target in targets]
+    assert_caught(pytester, record_property, f"{module.__name__}:{mutant}", runtime.__doc__, targets,
+                  {target.split("::")[0] for target in targets}, mentions=(words,))
+
+
 # The example engine's suites from this checkout, as its own test and the packaging test both read them.
 CHECKOUT_SEED = "12345"
 CHECKOUT_OPTIONS = ("--runtime", "bucket-engine", "-p", "no:xdist", "--hypothesis-seed", CHECKOUT_SEED, "-q")

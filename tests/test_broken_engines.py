@@ -7,7 +7,7 @@ table (mutant -> suites that caught it) is printed at the end of the run.
 import pytest
 
 from tests import broken_engines
-from tests.catching import assert_caught
+from tests.catching import assert_mutant_caught
 
 # One parametrisation each where one is enough to catch the bug: {name} is the runtime's name.
 BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_boundary[{name}-FULL_AND_PIECEWISE]"
@@ -73,12 +73,7 @@ def test_every_mutant_has_an_expectation():
 
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_execution_suites_catch_the_mutant(pytester, record_property, mutant):
-    targets, words = MUST_CATCH[mutant]
-    name = getattr(broken_engines, mutant).name  # a target's parameters name the runtime first
-    targets = [target.format(name=name) for target in targets]
-    suites = {target.split("::")[0] for target in targets}
-    assert_caught(pytester, record_property, f"tests.broken_engines:{mutant}", getattr(broken_engines, mutant).__doc__,
-                  targets, suites, mentions=(words,))
+    assert_mutant_caught(pytester, record_property, broken_engines, mutant, MUST_CATCH)
 
 
 def test_random_padding_ids_declared_pass(pytester):

@@ -4,7 +4,7 @@ it (the catch table, as tests/test_broken_engines.py)."""
 import pytest
 
 from tests import broken_lifetime_engines
-from tests.catching import assert_caught
+from tests.catching import assert_mutant_caught
 
 BOUNDARY = "test_replay_equivalence.py::test_graph_equals_eager_at_every_bucket_boundary[{name}-FULL_AND_PIECEWISE]"
 
@@ -25,9 +25,4 @@ def test_every_mutant_has_an_expectation():
 
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_suites_catch_the_mutant(pytester, record_property, mutant):
-    targets, words = MUST_CATCH[mutant]
-    name = getattr(broken_lifetime_engines, mutant).name
-    targets = [target.format(name=name) for target in targets]
-    assert_caught(pytester, record_property, f"tests.broken_lifetime_engines:{mutant}",
-                  getattr(broken_lifetime_engines, mutant).__doc__, targets, {t.split("::")[0] for t in targets},
-                  mentions=(words,))
+    assert_mutant_caught(pytester, record_property, broken_lifetime_engines, mutant, MUST_CATCH)

@@ -6,7 +6,7 @@ Each mutant runs, in a pytest session of its own, the tests that must catch it; 
 import pytest
 
 from tests import broken_lora_engines
-from tests.catching import assert_caught
+from tests.catching import assert_mutant_caught
 
 LORA = "test_lora.py::"
 
@@ -32,11 +32,7 @@ def test_every_mutant_has_an_expectation():
 
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_the_lora_suite_catches_the_mutant(pytester, record_property, mutant):
-    targets, words = MUST_CATCH[mutant]
-    runtime = getattr(broken_lora_engines, mutant)
-    targets = [target.format(name=runtime.name) for target in targets]
-    assert_caught(pytester, record_property, f"tests.broken_lora_engines:{mutant}", runtime.__doc__, targets,
-                  {"test_lora.py"}, mentions=(words,))
+    assert_mutant_caught(pytester, record_property, broken_lora_engines, mutant, MUST_CATCH)
 
 
 def test_the_reference_passes_what_catches_them(pytester):

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests import broken_shipped
-from tests.catching import assert_caught, failure_text, run_suites
+from tests.catching import assert_mutant_caught, failure_text, run_suites
 
 ROWS = "test_padded_request_rows.py::test_request_rows_are_right_and_padded_rows_neutral[{name}-FULL]"
 STAGED = "test_padded_request_rows.py::test_unpadded_and_eager_steps_stage_right_rows[{name}-NONE]"
@@ -36,11 +36,7 @@ def test_every_mutant_has_an_expectation():
 
 @pytest.mark.parametrize("mutant", sorted(MUST_CATCH))
 def test_suites_catch_the_shipped_bug(pytester, record_property, mutant):
-    targets, words = MUST_CATCH[mutant]
-    runtime = getattr(broken_shipped, mutant)
-    targets = [target.format(name=runtime.name) for target in targets]
-    assert_caught(pytester, record_property, f"tests.broken_shipped:{mutant}", runtime.__doc__, targets,
-                  {target.split("::")[0] for target in targets}, mentions=(words,))
+    assert_mutant_caught(pytester, record_property, broken_shipped, mutant, MUST_CATCH)
 
 
 def test_a_wrong_step_is_not_blamed_on_a_moved_input(pytester):

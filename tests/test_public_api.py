@@ -156,3 +156,18 @@ def test_0_3_0_policy_config_runner_and_release_become_one_rules_name():
         assert Capabilities(rules="vllm-0.33").has("vllm_policy")
     for old in ("PolicyConfig.runner", "PolicyConfig.vllm_version"):
         assert f"`{old}`" in PAGE and old in moved.REPLACED
+
+
+def test_a_name_that_moved_module_still_reads_at_its_old_path_with_a_deprecation_naming_the_new():
+    """0.3.0 had the engine factory in harness.runtime.observe; 0.4.0 moved it to harness.runtime.factory.
+    Each old name is the new object, warning with the new path; an unknown name is still an AttributeError."""
+    importlib.import_module("harness.runtime.observe")
+    assert moved.NAMES_MOVED, "no moved names registered"
+    for old, new in sorted(moved.NAMES_MOVED.items()):
+        old_module, _, name = old.rpartition(".")
+        new_module = new.rpartition(".")[0]
+        with pytest.warns(DeprecationWarning, match=re.escape(new)):
+            value = getattr(importlib.import_module(old_module), name)
+        assert value is getattr(importlib.import_module(new_module), name)
+    with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
+        importlib.import_module("harness.runtime.observe").NotAName

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from harness import moved
 from harness.expectations import expected
 from harness.expectations import oracle
 from harness.runtime import validate
@@ -22,6 +23,10 @@ from harness.checks import Check
 from harness.graphs.log import LOG, GraphLog
 from harness.protocol import EngineConfig, PolicyConfig, StepResult
 from harness.vocabulary import ORACLE, OWN_POLICY, OBSERVED
+
+# Until 0.4.0 the factory lived here; the old names still read, with a DeprecationWarning.
+__getattr__ = moved.names_moved(__name__, "harness.runtime.factory",
+                                ("EngineFactory", "BENCHMARK_ENGINE", "benchmark_engine", "LARGER_FROM"), "0.4.0")
 
 
 class ObservedEngine:
