@@ -5,7 +5,8 @@ time measured without it.
 The benchmark lane (suites/test_step_latency.py) profiles an engine's own step call after its timed
 rounds, so its latency figures are those of unprofiled steps; scripts/engines_report.py names a
 cause from the rows. Only the calling thread is profiled: an engine that does a step's host work in
-another thread shows the wait for it, and `gap` says when the profile saw too little of the step.
+another thread shows the wait for it (a lock's `acquire`), and `gap` says when the profile saw too
+little or too much of the step to stand for it.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from harness.reports.records import HostProfile
 STEPS = 5  # a handful: the rows' figures are per step, and a slow engine's profile stays within seconds
 TOP = 15
 # The profile's own time per step against the same call unprofiled: below the floor the host's time
-# went where the profiler does not look (another thread, another process); above the ceiling the
-# profiler's per-call cost swamped the step, and its milliseconds are no longer the step's.
+# is in no row (cProfile times no call made from C that it was not told of: the graph emulator's
+# replayed torch ops lose most of theirs); above the ceiling the profiler's per-call cost swamped
+# the step, and its milliseconds are no longer the step's.
 COVERS = (0.5, 4.0)
 _SITE_DIRS = ("site-packages", "dist-packages")
 
@@ -94,7 +96,7 @@ def gap(profile: dict | HostProfile, covers: tuple[float, float] = COVERS) -> st
     low, high = covers
     if own < low * host:
         return (f"the profile saw {own:.3f} ms of host time per step, under {low:g}x the {host:.3f} ms the step "
-                "call took unprofiled: the rest went where cProfile does not look (another thread or process)")
+                "call took unprofiled: the rest is in no function of the profile (calls cProfile does not time)")
     if own > high * host:
         return (f"the profile saw {own:.3f} ms per step, over {high:g}x the {host:.3f} ms the step call took "
                 "unprofiled: the profiler's own cost swamped the step")
