@@ -2,7 +2,9 @@
 # The benchmark lane on a real engine and on the reference, in one device call (issue 56): step
 # latency (eager, PIECEWISE where the engine has it, FULL) at the batches of CUDAGRAPH_BENCH_BATCHES
 # (default 1,8,64,256), replay device time, the eager kernel floor, capture time and memory, the
-# harness's cost per observed FULL step at batch 1, and serving; then the reference's lane on the
+# harness's cost per observed FULL step at batch 1, serving, and where the host's time goes in one
+# step (`host_profile` records: eager and FULL at the smallest and largest batch, five step calls
+# each under cProfile after the timed rounds, a few seconds in all); then the reference's lane on the
 # same machine for a same-machine comparison. Render them beside each other afterwards, here:
 #     python scripts/engines_report.py REF.json VLLM.json LMDEPLOY.json --out reports/h200/engines
 #
@@ -88,6 +90,10 @@ run = json.load(open(sys.argv[1]))
 for e in sorted(recorded(run, "latency"), key=lambda e: (e["mode"], e["batch"])):
     print(f"  {e['mode']:9} b={e['batch']:<3} pad={e['padded']:<3} step {e['step_ms_median']:.4f} ms "
           f"replay {e.get('replay_ms_median')} floor {e.get('eager_kernel_ms')} n/a {e.get('unavailable')}")
+for p in sorted(recorded(run, "host_profile"), key=lambda p: (p["mode"], p["batch"])):
+    top = "; ".join(f"{r['own_ms']:.3f} ms {r['where']}:{r['line']} {r['function']}" for r in p["by_own"][:3])
+    print(f"  host_profile {p['mode']:5} b={p['batch']:<3} own {p['own_ms']:.3f} ms/step "
+          f"(host step {p.get('host_step_ms')}) top: {top}")
 for kind in ("capture", "harness_cost", "batch1_speedup", "serving"):
     for e in recorded(run, kind):
         print(f"  {kind}: {e}")

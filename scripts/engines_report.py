@@ -1,6 +1,6 @@
 """One report across engines from their benchmark lanes' JSON (issue 56): a table, three plots with
-each engine's curve on one figure, and a findings README skeleton that states only what the reports
-hold.
+each engine's curve on one figure, where the host's time goes in one step (the lane's host
+profiles), and a findings README skeleton that states only what the reports hold.
 
     python scripts/engines_report.py REFERENCE.json VLLM.json LMDEPLOY.json --out reports/h200/engines
 
@@ -18,9 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.reports.measurements import recorded, short_device  # noqa: E402
+from harness.reports.profile import gap  # noqa: E402
 from harness.reports.records import ReportFormatError, upgrade  # noqa: E402
 
 FIGURES = ("speedup_eager_over_full.png", "full_over_kernel_floor.png", "capture_cost.png")
+SHOWN = 8  # rows of a host profile in table.md
+NAMED = 3  # functions named per profile in the findings' causes
 
 
 def _ms(value) -> str:
@@ -35,7 +38,8 @@ def engine_rows(run: dict) -> dict:
                for t in run.get("tests", []) if t.get("outcome") == "skipped"}
     return {"runtime": run.get("runtime", "?"), "device": short_device(run.get("device")),
             "latency": latency, "captures": captures, "harness_cost": recorded(run, "harness_cost"),
-            "serving": recorded(run, "serving"), "skipped": skipped}
+            "serving": recorded(run, "serving"), "skipped": skipped,
+            "profiles": {(e["mode"], e["batch"]): e for e in recorded(run, "host_profile")}}
 
 
 def ratio(a, b):
@@ -78,6 +82,61 @@ def table(engines: list[dict]) -> str:
             lines.append(f"| {engine['runtime']} | {h['bare_ms']:.4f} | {h['observed_ms']:.4f} | {h['harness_ms']:.4f} "
                          f"| {h['fraction']:.3f} | {h['limit']} |")
     return "\n".join(lines)
+
+
+def _site(row: dict) -> str:
+    place = row["where"] if row["where"] == "~" or not row.get("line") else f"{row['where']}:{row['line']}"
+    return f"`{row['function']}` ({place})" if place != "~" else f"`{row['function']}`"  # `<method ...>` is no tag
+
+
+def host_time(engines: list[dict]) -> str:
+    """Per engine and profiled step: the host profile's top functions by own and by cumulative time."""
+    lines = ["## Where the host's time goes in one step", "",
+             "The engine's own step call under cProfile after the timed rounds (suites/test_step_latency.py, "
+             "`host_profile` records); ms and calls per step.", ""]
+    for engine in engines:
+        if not engine["profiles"]:
+            lines += [f"- {engine['runtime']}: not measured (its report has no host_profile records)", ""]
+            continue
+        for (mode, batch), p in sorted(engine["profiles"].items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+            why = gap(p)
+            lines += [f"### {engine['runtime']} {mode} b={batch}", "",
+                      f"Host step {_ms(p.get('host_step_ms'))} ms unprofiled; the profile saw {p['own_ms']:.3f} ms of "
+                      f"own time per step ({p['steps']} steps, {p['profiled_ms']:.3f} ms a step while profiled)"
+                      + (f". Not a cause: {why}" if why else "") + ".", ""]
+            for title, key in (("by own time", "by_own"), ("by cumulative time", "by_cumulative")):
+                lines += [f"| {title} | own ms | cum ms | calls |", "|---|---:|---:|---:|"]
+                lines += [f"| {_site(r)} | {r['own_ms']:.3f} | {r['cum_ms']:.3f} | {r['calls']:g} |"
+                          for r in p[key][:SHOWN]] + [""]
+    return "\n".join(lines)
+
+
+def causes(engines: list[dict]) -> list[str]:
+    """The findings' causes from the host profiles at each engine's largest profiled batch: measured
+    facts only, each function cited by its file and line in the engine's code."""
+    lines = []
+    for engine in engines:
+        name, profiles = engine["runtime"], engine["profiles"]
+        if not profiles:
+            lines.append(f"- {name}: not measured (its report has no host_profile records: a lane before issue 56's "
+                         "host profile)")
+            continue
+        largest = max(batch for _, batch in profiles)
+        for mode in ("full", "eager"):
+            p = profiles.get((mode, largest))
+            if p is None:
+                continue
+            head = f"- {name} {mode.upper() if mode == 'full' else mode} b={largest}"
+            if why := gap(p):
+                lines.append(f"{head}: the host profile does not stand for the step: {why}")
+                continue
+            named = "; ".join(f"{r['own_ms']:.3f} ms in {_site(r)} ({r['calls']:g} calls per step)"
+                              for r in p["by_own"][:NAMED])
+            half = [r for r in p["by_cumulative"] if r["cum_ms"] >= p["own_ms"] / 2]
+            inside = f"; half the step or more is inside {_site(half[-1])} ({half[-1]['cum_ms']:.3f} ms)" if half else ""
+            lines.append(f"{head}: of a {_ms(p.get('host_step_ms'))} ms host step ({p['own_ms']:.3f} ms profiled), "
+                         f"by own time: {named}{inside}")
+    return lines
 
 
 def unavailable(engines: list[dict]) -> list[str]:
@@ -133,7 +192,8 @@ def plot(engines: list[dict], out: Path) -> list[str]:
 
 
 def findings(engines: list[dict]) -> str:
-    """A skeleton: the measured facts, one line each; the causes are for a person to measure and cite."""
+    """A skeleton: the measured facts, one line each; the causes from the host profiles where the
+    reports hold them (the rest is for a person to measure and cite)."""
     lines = ["# Engines side by side: findings", "",
              "Rendered by scripts/engines_report.py from: " + ", ".join(e["runtime"] for e in engines) + ".",
              "Only measured facts below; a cause is added only with its measurement and the engine's code cited.", ""]
@@ -146,7 +206,8 @@ def findings(engines: list[dict]) -> str:
             lines.append(f"- {engine['runtime']}: at batch 1 the harness adds [{h['harness_ms']:.4f} ms to a bare FULL "
                          f"step of {h['bare_ms']:.4f} ms, a fraction of {h['fraction']:.3f}](table.md)")
     lines += ["", "## Figures the engines could not give", ""] + (unavailable(engines) or ["- none"])
-    lines += ["", "## Causes (to measure: host time per step, launches outside the graph, copies)", "", "- TODO"]
+    lines += ["", "## Causes: where the host's time goes in one step (host profile; rows in table.md)", ""]
+    lines += causes(engines) + ["", "Still to measure: launches outside the graph, copies."]
     return "\n".join(lines) + "\n"
 
 
@@ -170,7 +231,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text("# Engines side by side\n\n" + table(engines) + "\n")
+    (out / "table.md").write_text("# Engines side by side\n\n" + table(engines) + "\n\n" + host_time(engines) + "\n")
     plot(engines, out)
     readme = out / "README.md"
     if not readme.exists():  # a person's findings are never overwritten

@@ -8,11 +8,15 @@ stream of steps (issued back to back, the host preparing a step while the device
 one, as an engine that does not wait for each step's logits runs; timed on the device, after a
 first step has filled the queue) and the device time of its graph replays in that stream (timed
 by the harness on the GPU stream); the launches the harness counted; and the summed kernel time
-of an eager step at the same shape, the floor a graph can approach. One thing is asserted,
-because it is robust on a noisy machine: a FULL step beats eager at batch 1 by a clear margin.
+of an eager step at the same shape, the floor a graph can approach. After the timed rounds, eager
+and FULL at the sweep's smallest and largest batch also profile a few step calls on the host
+(harness.reports.profile: where the host's time goes, a `host_profile` record), checked to cover
+the host time the timed rounds measured. One thing is asserted about speed, because it is robust on
+a noisy machine: a FULL step beats eager at batch 1 by a clear margin.
 
     pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
 """
+import functools
 import itertools
 import os
 import statistics
@@ -25,6 +29,7 @@ from harness.scenarios.batches import decode_requests, prefill
 from harness.graphs import counting
 from harness.graphs.log import timed_replays
 from harness.reports.records import Batch1Speedup, Capture, HarnessCost, Latency
+from harness.reports.profile import gap, profile_host
 from harness.reports.timing import host_reference_ms, in_a_stream_ms
 
 INVARIANT = "launch overhead"
@@ -54,6 +59,7 @@ WARMUP = 2  # the engine is warm: two steps ran before (one checked by the harne
 HOST_EVERY = 3  # timed rounds per run of the host's reference loop (it costs about as much as a step)
 STREAM_STEPS = 10  # a run of steps in a stream, timed on the device without its start and end (harness.reports.timing)
 REPLAY_STEPS = 10  # a graph's device time barely moves between replays (reports/h200/probes/lane_costs.json)
+PROFILED = ("eager", "full")  # the host's part of a step is the difference between these two
 _contexts: dict = {}  # id(engine) -> (engine, its prefilled sequences)
 
 
@@ -97,7 +103,7 @@ def synced(engine, requests):
 
 @pytest.mark.parametrize("batch", BATCHES, ids=lambda b: f"b={b}")
 @pytest.mark.parametrize("mode", list(MODES))
-def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, batch):
+def test_decode_step_latency(runtime, bench_engines, benchmark, record, check, mode, batch):
     engine = bench_engines.get(mode=MODES[mode], capture=mode != "eager")
     requests = decode_requests(contexts(bench_engines, engine)[:batch])
     step = synced(engine, requests)
@@ -140,6 +146,20 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, ba
                        unavailable=None if report.memory_bytes is not None else {
                            "memory_bytes": "the runtime's CaptureReport.memory_bytes is None: it cannot measure "
                                            f"its graph memory (the harness saw {engine.memory_seen} bytes)"}))
+    # Last: a profile that does not cover its step fails the test, and every figure above is recorded.
+    if mode in PROFILED and batch in (min(BATCHES), max(BATCHES)):
+        profile = host_profile(engine.engine, requests, mode, batch, host_step_ms, wait=torch.cuda.synchronize)
+        record(profile)
+        missed = gap(profile)
+        check.that(missed is None, source="the same step call, timed unprofiled in this test",
+                   what="the host profile must cover the host time of the step it profiles", gap=missed)
+
+
+def host_profile(engine, requests, mode: str, batch: int, host_step_ms: float | None, wait=None):
+    """The engine's own step call under the host profiler (after the timed rounds: their figures
+    are unprofiled), a device wait after each call outside the profile."""
+    return profile_host(functools.partial(engine.step, requests), mode=mode, batch=batch, wait=wait,
+                        host_step_ms=host_step_ms)
 
 
 def unavailable(runtime_mode: str, replay_ms, kernel_us) -> dict:

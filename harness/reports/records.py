@@ -95,6 +95,25 @@ class HarnessCost(Record):
 
 
 @dataclass
+class HostProfile(Record):
+    """Where the host's time goes in one step: a few steps of the engine's own step call under
+    cProfile, after the timed rounds (harness.reports.profile). Rows: `function`, `where` (the
+    file relative to its sys.path root, site-packages or the checkout), `line`, `own_ms` and
+    `cum_ms` per step, `calls` per step."""
+    kind = "host_profile"
+    mode: str
+    batch: int
+    steps: int
+    own_ms: float  # per step: every function's own time summed, as the profiler saw it
+    profiled_ms: float  # per step: wall time of a profiled step call (the profiler's own cost in it)
+    by_own: list  # the top rows by own time
+    by_cumulative: list  # the top rows by cumulative time
+    host_step_ms: float | None = None  # the same call unprofiled (Latency.host_step_ms of the same test)
+    profiler: str = "cProfile"
+    unavailable: dict | None = None  # figure -> why it is missing
+
+
+@dataclass
 class Batch1Speedup(Record):
     kind = "batch1_speedup"
     eager_ms: float
@@ -202,6 +221,6 @@ def check_record(record: Record) -> dict:
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "SCHEMA_VERSION", "Record", "Grid", "ResolutionCell", "Capture", "Launches", "Latency",
-    "Batch1Speedup", "Serving", "BatchInvariance", "Anchor", "DataParallelStep", "KINDS",
+    "Batch1Speedup", "HostProfile", "Serving", "BatchInvariance", "Anchor", "DataParallelStep", "KINDS",
     "ReportFormatError", "upgrade", "check_record",
 ]
