@@ -208,27 +208,59 @@ def close_and_measure(opened, label: str, log: Log) -> int:
     return kept
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.smoke", description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime", required=True, help="a runtime name or package.module:factory, as pytest's")
-    parser.add_argument("--modes", default=",".join(CONFIG_MODES))
-    parser.add_argument("--presets", default="small")
+def stage(log: Log, label: str, run) -> list[str]:
+    """A smoke stage of a plugin's own: [] where `run()` returns, [label] (and the traceback) where it raises."""
+    try:
+        run()
+        return []
+    except Exception:
+        log("failed", f"{label} FAILED", label=label, traceback=traceback.format_exc())
+        print(traceback.format_exc(), flush=True)
+        return [label]
+
+
+def main(argv=None, *, runtime: str | None = None, modes=CONFIG_MODES, presets=("small",), description=None,
+         arguments=None, before=None, after=None, **drive_options) -> int:
+    """The smoke driver. A plugin's own smoke module sets its engine's environment first (before
+    anything imports the engine or the hub) and calls this with its runtime and defaults:
+    `arguments(parser)` adds its options; `before(runtime, log, args)` and `after(runtime, log, args)`
+    run its own stages around the modes (each returns the stages that failed); `drive_options` go to
+    `drive` (joins, steps, keep_first_open, step_details)."""
+    parser = argparse.ArgumentParser(prog=None if runtime else "python -m harness.smoke",
+                                     description=description or __doc__.splitlines()[0])
+    parser.add_argument("--runtime", required=runtime is None, default=runtime,
+                        help="a runtime name or package.module:factory, as pytest's")
+    parser.add_argument("--modes", default=",".join(modes))
+    parser.add_argument("--presets", default=",".join(presets))
     parser.add_argument("--graph-backend", default="cuda", help="cuda, or emulated for a dry run on the CPU")
     parser.add_argument("--live", default=None, help="append every stage here as JSON lines")
     parser.add_argument("--keep-first-open", action="store_true",
                         help="keep the first engine open while the others run, and close it last")
+    if arguments is not None:
+        arguments(parser)
     args = parser.parse_args(argv)
     start, log = time.perf_counter(), Log(args.live)
     if args.graph_backend == "cuda":
         watch_cuda_graphs()
     try:
+        made = time.perf_counter()
         runtime = resolve(args.runtime)
     except RuntimeLoadError as exc:
         print(f"harness.smoke: {exc}", file=sys.stderr)
         return 2
-    log("runtime", f"runtime {runtime.name} {runtime.version}", capabilities=runtime.capabilities.summary())
-    failed = drive(runtime, [m for m in args.modes.split(",") if m], [p for p in args.presets.split(",") if p],
-                   graph_backend=args.graph_backend, log=log, keep_first_open=args.keep_first_open)
+    where = ""
+    if args.graph_backend == "cuda":
+        import torch
+
+        where = f"; torch {torch.__version__}; {torch.cuda.get_device_name(0)}"
+    log("runtime", f"runtime {runtime.name} {runtime.version} (made in {time.perf_counter() - made:.1f}s){where}",
+        capabilities=runtime.capabilities.summary(), precision=runtime.capabilities.precision)
+    failed = list(before(runtime, log, args) or []) if before is not None else []
+    options = {**drive_options, "keep_first_open": args.keep_first_open or drive_options.get("keep_first_open", False)}
+    failed += drive(runtime, [m for m in args.modes.split(",") if m], [p for p in args.presets.split(",") if p],
+                    graph_backend=args.graph_backend, log=log, **options)
+    if after is not None:
+        failed += list(after(runtime, log, args) or [])
     log("done", f"done in {time.perf_counter() - start:.1f}s; failed: {failed or 'none'}", failed=failed)
     return 1 if failed else 0
 
@@ -239,5 +271,5 @@ if __name__ == "__main__":
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "Log", "drive", "engine_config", "capture_counted", "step_counted", "close_and_measure", "main",
+    "Log", "drive", "engine_config", "capture_counted", "step_counted", "close_and_measure", "stage", "main",
 ]

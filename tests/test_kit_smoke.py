@@ -77,3 +77,37 @@ def test_each_real_engine_plugin_keeps_its_smoke_module_and_config(module):
 
     plugin = importlib.import_module(module)
     assert callable(plugin.main) and callable(plugin.engine_config)
+
+
+def test_a_plugins_smoke_is_the_driver_with_its_runtime_defaults_options_and_stages(capsys):
+    seen = []
+
+    def before(runtime, log, args):
+        seen.append(("before", runtime.name, args.k))
+        log("policy", "policy: asked before the modes")
+
+    def after(runtime, log, args):
+        seen.append(("after", args.k))
+        return smoke.stage(log, "own stage", lambda: 1 / 0)
+
+    status = smoke.main(["--graph-backend", "emulated", "--k", "3"], runtime="reference", modes=("NONE",),
+                        presets=("tiny",), arguments=lambda parser: parser.add_argument("--k", type=int, default=2),
+                        before=before, after=after, steps=2)
+    out = capsys.readouterr().out
+    assert status == 1 and seen == [("before", "reference", 3), ("after", 3)]
+    assert "SMOKE policy: asked before the modes" in out and "preset=tiny mode=NONE summary: ran ['NONE@19', 'NONE@3']" in out
+    assert "SMOKE own stage FAILED" in out and "ZeroDivisionError" in out and "failed: ['own stage']" in out
+
+
+@pytest.mark.parametrize("module, option", [("cudagraph_vllm_engine.smoke", "--modes"),
+                                            ("cudagraph_vllm_engine.v1_smoke", "--k"),
+                                            ("cudagraph_lmdeploy_engine.smoke", "--presets")])
+def test_each_plugins_smoke_module_sets_its_environment_then_runs_the_one_driver(module, option, monkeypatch, capsys):
+    import importlib
+
+    plugin = importlib.import_module(module)
+    applied = []
+    monkeypatch.setattr(plugin.settings, "apply_environment", lambda: applied.append(True))
+    with pytest.raises(SystemExit) as exit_:
+        plugin.main(["--help"])
+    assert exit_.value.code == 0 and applied == [True] and option in capsys.readouterr().out

@@ -10,60 +10,40 @@ Exit status 0 when every engine built and ran.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-import traceback
 from dataclasses import replace
 
 from . import settings
 from .smoke import PRESET, engine_config
 
 
-def say(text: str) -> None:
-    print("SMOKE", text, flush=True)
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="FULL_AND_PIECEWISE,FULL_DECODE_ONLY")
-    parser.add_argument("--k", type=int, default=2)
-    args = parser.parse_args(argv)
-    settings.apply_environment()
-    start = time.perf_counter()
-    import torch
+    settings.apply_environment()  # before anything imports vLLM or the hub
+    from harness import smoke
 
+    return smoke.main(argv, runtime="cudagraph_vllm_engine.v1_runtime:VllmEngineV1Runtime",
+                      modes=("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"), presets=(PRESET,),
+                      description=__doc__.splitlines()[0],
+                      arguments=lambda parser: parser.add_argument("--k", type=int, default=2), after=ngram_stage)
+
+
+def ngram_stage(runtime, log, args) -> list[str]:
+    """An ngram engine of k speculative tokens, its verify steps against transformers."""
     from harness import smoke
     from harness.expectations import presets
     from harness.expectations.anchor import Anchor
 
-    from .v1_runtime import VllmEngineV1Runtime
-
-    smoke.watch_cuda_graphs()
-    with settings.timed("v1 smoke: runtime (imports vLLM)"):
-        runtime = VllmEngineV1Runtime()
-    say(f"runtime {runtime.name} {runtime.version}; torch {torch.__version__}; {torch.cuda.get_device_name(0)}")
-    say(f"capabilities: {runtime.capabilities.summary()}")
-    modes = [m for m in args.modes.split(",") if m]
-    failed = smoke.drive(runtime, modes, (PRESET,), log=smoke.Log()) if modes else []
-    if args.k:
-        anchor = Anchor(str(presets.checkpoint(PRESET)), device="cuda")
-        failed += stage(f"ngram k={args.k}", lambda: verify(runtime, anchor, args.k))
-    say(f"done in {time.perf_counter() - start:.1f}s; failed: {failed or 'none'}")
-    return 1 if failed else 0
-
-
-def stage(label: str, run) -> list[str]:
-    try:
-        run()
+    if not args.k:
         return []
-    except Exception:
-        say(f"{label} FAILED")
-        print(traceback.format_exc(), flush=True)
-        return [label]
+    anchor = Anchor(str(presets.checkpoint(PRESET)), device="cuda")
+
+    def say(text: str) -> None:
+        log("verify", text)
+
+    return smoke.stage(log, f"ngram k={args.k}", lambda: verify(runtime, anchor, args.k, say))
 
 
-def verify(runtime, anchor, k: int) -> None:
+def verify(runtime, anchor, k: int, say) -> None:
     import torch
 
     from harness.graphs.log import LOG
