@@ -252,7 +252,7 @@ def main(argv=None, *, runtime: str | None = None, modes=CONFIG_MODES, presets=(
     if args.graph_backend == "cuda":
         import torch
 
-        where = f"; torch {torch.__version__}; {torch.cuda.get_device_name(0)}"
+        where = f"; torch {torch.__version__}; {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}"
     log("runtime", f"runtime {runtime.name} {runtime.version} (made in {time.perf_counter() - made:.1f}s){where}",
         capabilities=runtime.capabilities.summary(), precision=runtime.capabilities.precision)
     failed = list(before(runtime, log, args) or []) if before is not None else []
