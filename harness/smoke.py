@@ -27,9 +27,10 @@ from dataclasses import replace
 from harness.expectations import presets
 from harness.expectations.anchor import Anchor
 from harness.graphs.log import LOG, watch_cuda_graphs
-from harness.protocol import CONFIG_MODES
+from harness.protocol import CONFIG_MODES, Request
 from harness.runtime.factory import EngineFactory
 from harness.runtime.registry import RuntimeLoadError, resolve
+from harness.scenarios.batches import prompt
 from harness.scenarios.generation import generation
 
 MiB = 1 << 20
@@ -208,27 +209,118 @@ def close_and_measure(opened, label: str, log: Log) -> int:
     return kept
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.smoke", description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime", required=True, help="a runtime name or package.module:factory, as pytest's")
-    parser.add_argument("--modes", default=",".join(CONFIG_MODES))
-    parser.add_argument("--presets", default="small")
+def stage(log: Log, label: str, run) -> list[str]:
+    """A smoke stage of a plugin's own: [] where `run()` returns, [label] (and the traceback) where it raises."""
+    try:
+        run()
+        return []
+    except Exception:
+        log("failed", f"{label} FAILED", label=label, traceback=traceback.format_exc())
+        print(traceback.format_exc(), flush=True)
+        return [label]
+
+
+def verify_steps(runtime, anchor, config, log: Log, label: str, said=None) -> None:
+    """Verify steps on an engine built from `config` (k = its num_speculative_tokens): three prompts,
+    then steps of q = k + 1 tokens a request, each its last sampled token and k drafts: drafts
+    transformers' greedy decoding accepts, drafts it rejects, accepted ones again. Each step's
+    logits against transformers' and an eager step of the same shape; `said(engine)`: what the
+    engine itself reports of the step (the drafts its sampler accepted)."""
+    import torch
+
+    k = config.policy.num_speculative_tokens
+    engine = runtime.build(config)
+    try:
+        log("verify", f"{label} built: {engine.describe() if hasattr(engine, 'describe') else {}}")
+        engine.capture()
+        history = {i: list(prompt(i, n)) for i, n in ((1, 6), (2, 9), (3, 4))}
+        requests = [Request(i, tuple(t), 0) for i, t in history.items()]
+        expected = anchor.step(requests, {})
+        vocab = expected.shape[-1]
+        engine.step(requests)
+        nxt, row = {}, 0
+        for r in requests:
+            row += len(r.token_ids)
+            nxt[r.request_id] = int(expected[row - 1].argmax())
+        for number, accept in enumerate((True, False, True)):
+            requests = []
+            for i, tokens in history.items():
+                drafts = greedy_drafts(anchor, tokens + [nxt[i]], k) if accept else [(nxt[i] + 7 + j) % vocab for j in range(k)]
+                requests.append(Request(i, tuple([nxt[i]] + drafts), len(tokens)))
+            want = anchor.step(requests, {i: list(t) for i, t in history.items()})
+            out, launches = step_counted(engine, requests)
+            diff = float((out.logits.float().cpu() - want).abs().max())
+            eager = engine.eager_step(requests, out.num_padded_tokens)
+            same = torch.equal(out.logits, eager.logits)
+            own = runtime.dispatch(config.policy, out.num_real_tokens, len(requests), True)
+            log("verify", f"{label} verify step {number} ({'drafts transformers accepts' if accept else 'drafts to reject'}): "
+                f"{out.num_real_tokens} tokens -> ran {out.runtime_mode} at {out.num_padded_tokens} (own policy: "
+                f"{own.runtime_mode} at {own.descriptor.num_padded_tokens}); graph launches {launches}; |logits - "
+                f"transformers| max {diff:.3g}; eager bit-equal {same}{said(engine) if said else ''}")
+            row = 0
+            for r in requests:  # the next step starts after all q tokens (the harness rewrites rejected KV)
+                history[r.request_id] += list(r.token_ids)
+                row += len(r.token_ids)
+                nxt[r.request_id] = int(want[row - 1].argmax())
+        for i in history:
+            engine.release(i)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+
+
+def greedy_drafts(anchor, tokens: list[int], k: int) -> list[int]:
+    """k tokens transformers' greedy decoding would produce after `tokens` (drafts an engine should accept)."""
+    drafts, current = [], list(tokens)
+    for _ in range(k):
+        logits = anchor.step([Request(0, tuple(current), 0)], {})
+        current.append(int(logits[-1].argmax()))
+        drafts.append(current[-1])
+    return drafts
+
+
+def main(argv=None, *, runtime: str | None = None, modes=CONFIG_MODES, presets=("small",), description=None,
+         arguments=None, before=None, after=None, **drive_options) -> int:
+    """The smoke driver. A plugin's own smoke module sets its engine's environment first (before
+    anything imports the engine or the hub) and calls this with its runtime and defaults:
+    `arguments(parser)` adds its options; `before(runtime, log, args)` and `after(runtime, log, args)`
+    run its own stages around the modes (each returns the stages that failed); `drive_options` go to
+    `drive` (joins, steps, keep_first_open, step_details)."""
+    parser = argparse.ArgumentParser(prog=None if runtime else "python -m harness.smoke",
+                                     description=description or __doc__.splitlines()[0])
+    parser.add_argument("--runtime", required=runtime is None, default=runtime,
+                        help="a runtime name or package.module:factory, as pytest's")
+    parser.add_argument("--modes", default=",".join(modes))
+    parser.add_argument("--presets", default=",".join(presets))
     parser.add_argument("--graph-backend", default="cuda", help="cuda, or emulated for a dry run on the CPU")
     parser.add_argument("--live", default=None, help="append every stage here as JSON lines")
     parser.add_argument("--keep-first-open", action="store_true",
                         help="keep the first engine open while the others run, and close it last")
+    if arguments is not None:
+        arguments(parser)
     args = parser.parse_args(argv)
     start, log = time.perf_counter(), Log(args.live)
     if args.graph_backend == "cuda":
         watch_cuda_graphs()
     try:
+        made = time.perf_counter()
         runtime = resolve(args.runtime)
     except RuntimeLoadError as exc:
         print(f"harness.smoke: {exc}", file=sys.stderr)
         return 2
-    log("runtime", f"runtime {runtime.name} {runtime.version}", capabilities=runtime.capabilities.summary())
-    failed = drive(runtime, [m for m in args.modes.split(",") if m], [p for p in args.presets.split(",") if p],
-                   graph_backend=args.graph_backend, log=log, keep_first_open=args.keep_first_open)
+    where = ""
+    if args.graph_backend == "cuda":
+        import torch
+
+        where = f"; torch {torch.__version__}; {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}"
+    log("runtime", f"runtime {runtime.name} {runtime.version} (made in {time.perf_counter() - made:.1f}s){where}",
+        capabilities=runtime.capabilities.summary(), precision=runtime.capabilities.precision)
+    failed = list(before(runtime, log, args) or []) if before is not None else []
+    options = {**drive_options, "keep_first_open": args.keep_first_open or drive_options.get("keep_first_open", False)}
+    failed += drive(runtime, [m for m in args.modes.split(",") if m], [p for p in args.presets.split(",") if p],
+                    graph_backend=args.graph_backend, log=log, **options)
+    if after is not None:
+        failed += list(after(runtime, log, args) or [])
     log("done", f"done in {time.perf_counter() - start:.1f}s; failed: {failed or 'none'}", failed=failed)
     return 1 if failed else 0
 
@@ -239,5 +331,6 @@ if __name__ == "__main__":
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "Log", "drive", "engine_config", "capture_counted", "step_counted", "close_and_measure", "main",
+    "Log", "drive", "engine_config", "capture_counted", "step_counted", "close_and_measure", "stage", "verify_steps",
+    "greedy_drafts", "main",
 ]

@@ -92,3 +92,14 @@ def test_the_old_module_still_imports_and_names_the_new_one():
     with pytest.warns(DeprecationWarning, match="harness.kit.block_book"):
         old = importlib.import_module("harness.block_book")
     assert old.BlockBook is BlockBook and old.Live is Live
+
+
+def test_a_book_that_names_nothing_differently_places_requests_as_the_kits_placed():
+    from harness.kit.block_book import Placed
+
+    book = BlockBook(9, 16, vocab=256, max_len=128, max_seqs=4, max_tokens=64)
+    (first,) = book.plan([Request(1, (5, 6, 7), 0)])
+    assert first == Placed(1, (5, 6, 7), 0, (1,)) and first.num_new == 3
+    book.commit([first])
+    (second,) = book.plan([Request(1, (8,), 3)])
+    assert second == Placed(1, (8,), 3, (1,))

@@ -77,6 +77,31 @@ def test_an_engines_own_stream_goes_on_between_calls_and_the_callers_is_untouche
     assert torch.equal(torch.cat([first, second]), torch.rand(6, generator=one_stream))
 
 
+@pytest.mark.parametrize("own", [False, True])
+def test_process_state_restored_puts_back_the_environment_and_the_callers_generator(own, monkeypatch):
+    monkeypatch.delenv("KIT_TEST_ADDED", raising=False)
+    monkeypatch.setenv("KIT_TEST_CHANGED", "before")
+    rng = guard.EngineRandom(seed=7, device=None) if own else None
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    with guard.process_state_restored(rng):
+        os.environ["KIT_TEST_ADDED"], os.environ["KIT_TEST_CHANGED"] = "1", "after"
+        drawn = torch.rand(3)
+    assert "KIT_TEST_ADDED" not in os.environ and os.environ["KIT_TEST_CHANGED"] == "before"
+    assert torch.equal(torch.rand(4), expected)
+    if own:  # the engine's draws came from its own stream
+        assert torch.equal(drawn, torch.rand(3, generator=torch.Generator().manual_seed(7)))
+
+
+def test_engines_share_one_stream_a_device(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: made.append(device) or f"stream of {device}")
+    streams = {}
+    assert guard.shared_stream(streams, 0) == guard.shared_stream(streams, 0) == "stream of 0"
+    assert guard.shared_stream(streams, 1) == "stream of 1" and made == [0, 1]
+
+
 # -- checks --------------------------------------------------------------------------------------
 def config(**changes):
     base = p.EngineConfig(preset="tiny", dtype="float32", device="cuda", graph_backend="cuda",

@@ -77,3 +77,70 @@ def test_each_real_engine_plugin_keeps_its_smoke_module_and_config(module):
 
     plugin = importlib.import_module(module)
     assert callable(plugin.main) and callable(plugin.engine_config)
+
+
+def test_a_plugins_smoke_is_the_driver_with_its_runtime_defaults_options_and_stages(capsys):
+    seen = []
+
+    def before(runtime, log, args):
+        seen.append(("before", runtime.name, args.k))
+        log("policy", "policy: asked before the modes")
+
+    def after(runtime, log, args):
+        seen.append(("after", args.k))
+        return smoke.stage(log, "own stage", lambda: 1 / 0)
+
+    status = smoke.main(["--graph-backend", "emulated", "--k", "3"], runtime="reference", modes=("NONE",),
+                        presets=("tiny",), arguments=lambda parser: parser.add_argument("--k", type=int, default=2),
+                        before=before, after=after, steps=2)
+    out = capsys.readouterr().out
+    assert status == 1 and seen == [("before", "reference", 3), ("after", 3)]
+    assert "SMOKE policy: asked before the modes" in out and "preset=tiny mode=NONE summary: ran ['NONE@19', 'NONE@3']" in out
+    assert "SMOKE own stage FAILED" in out and "ZeroDivisionError" in out and "failed: ['own stage']" in out
+
+
+@pytest.mark.parametrize("module, option", [("cudagraph_vllm_engine.smoke", "--modes"),
+                                            ("cudagraph_vllm_engine.v1_smoke", "--k"),
+                                            ("cudagraph_lmdeploy_engine.smoke", "--presets")])
+def test_each_plugins_smoke_module_sets_its_environment_then_runs_the_one_driver(module, option, monkeypatch, capsys):
+    import importlib
+
+    plugin = importlib.import_module(module)
+    applied = []
+    monkeypatch.setattr(plugin.settings, "apply_environment", lambda: applied.append(True))
+    with pytest.raises(SystemExit) as exit_:
+        plugin.main(["--help"])
+    assert exit_.value.code == 0 and applied == [True] and option in capsys.readouterr().out
+
+
+def test_greedy_drafts_are_the_anchors_argmax_continuation():
+    import torch
+
+    class Anchor:  # the next token is always the last one plus one
+        def step(self, requests, history):
+            (request,) = requests
+            logits = torch.zeros(len(request.token_ids), 50)
+            logits[-1, request.token_ids[-1] + 1] = 1.0
+            return logits
+
+    assert smoke.greedy_drafts(Anchor(), [3, 7], 3) == [8, 9, 10]
+
+
+def test_verify_steps_run_accepted_and_rejected_drafts_against_transformers(capsys):
+    from dataclasses import replace
+
+    from harness.expectations import presets
+    from harness.expectations.anchor import Anchor
+    from harness.runtime.registry import resolve
+
+    runtime = resolve("bucket_engine.runtime:BucketRuntime")
+    base = smoke.engine_config(runtime, "FULL", "tiny", "emulated")
+    config = replace(base, policy=replace(base.policy, num_speculative_tokens=2))
+    smoke.verify_steps(runtime, Anchor(str(presets.checkpoint("tiny")), device="cpu"), config, smoke.Log(), "verify k=2",
+                       said=lambda engine: "; the engine's own word")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "verify step" in line]
+    assert [line.split("(")[1].split(")")[0] for line in lines] == [
+        "drafts transformers accepts", "drafts to reject", "drafts transformers accepts"]
+    assert all("9 tokens -> ran FULL at 12 (own policy: FULL at 12)" in line and "eager bit-equal True" in line
+               and line.endswith("; the engine's own word") for line in lines)
+    assert all(float(line.split("transformers| max ")[1].split(";")[0]) < 1e-4 for line in lines)

@@ -6,7 +6,8 @@ whose KV each one holds, and its KV blocks. Pure Python, so it is tested on any 
 and gives each request the blocks its tokens need, taking them back if the step is refused;
 `commit(placed)` records the KV the step wrote; `release(request_id)` frees a request's blocks.
 A runtime subclasses it for what its engine names differently: the record of a placed request
-(`placed`), the record of a live one (`new_live`), and the slot a position is written to.
+(`placed`; `Placed` where the engine needs nothing more), the record of a live one (`new_live`),
+and the slot a position is written to.
 """
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ from harness.protocol import KVCacheFull
 class Live:
     tokens: list[int] = field(default_factory=list)  # positions 0..len-1, KV written for all of them
     blocks: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One request of a step, checked and placed: this step's tokens after `context_len` cached ones,
+    in these blocks."""
+
+    request_id: int
+    new_tokens: tuple[int, ...]
+    context_len: int
+    blocks: tuple[int, ...]
+
+    @property
+    def num_new(self) -> int:
+        return len(self.new_tokens)
 
 
 class BlockBook:
@@ -38,7 +54,7 @@ class BlockBook:
     def placed(self, request, live: Live, tokens: tuple[int, ...]):
         """The record of one placed request that the runtime hands its engine: it has at least
         `request_id`, `context_len` and `new_tokens` (this step's), which `commit` reads."""
-        raise NotImplementedError
+        return Placed(request.request_id, tokens, request.context_len, tuple(live.blocks))
 
     def plan(self, requests) -> list:
         """Check a step's requests and give each the blocks its tokens need. Raises ValueError for
@@ -122,5 +138,5 @@ class BlockBook:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "Live", "BlockBook",
+    "Live", "Placed", "BlockBook",
 ]

@@ -85,7 +85,27 @@ def own_random(rng: EngineRandom):
         rng.swap_out(caller)
 
 
+@contextmanager
+def process_state_restored(rng: EngineRandom | None = None):
+    """What an engine changes for the process during a call, put back: the environment, and torch's
+    generators (the engine drawing from its own streams `rng` where given, else from forked ones)."""
+    with environment_restored(), (random_forked() if rng is None else own_random(rng)):
+        yield
+
+
+def shared_stream(streams: dict, device: int):
+    """The one CUDA stream of `streams` (a dict the caller keeps for the process) for `device`. cuBLAS
+    keeps a workspace for every stream a matmul ran on for the life of the process: engines that make
+    a stream each would grow the process by a workspace an engine; engines that run one at a time share one."""
+    import torch
+
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    return streams[device]
+
+
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "apply_environment", "environment_restored", "random_forked", "EngineRandom", "own_random",
+    "process_state_restored", "shared_stream",
 ]

@@ -22,6 +22,7 @@ import weakref
 from dataclasses import replace
 
 from harness import protocol as p
+from harness.kit.guard import shared_stream
 from harness.kit.scheduled import ScheduledEngine
 from harness.vocabulary import FDO
 
@@ -37,14 +38,6 @@ _FORWARD_STREAMS: dict = {}  # device -> the one stream every engine's forward r
 
 class EngineError(RuntimeError):
     """LMDeploy did something other than what this runtime asked, or the runtime misread it."""
-
-
-def forward_stream(device: int):
-    import torch
-
-    if device not in _FORWARD_STREAMS:
-        _FORWARD_STREAMS[device] = torch.cuda.Stream(device)
-    return _FORWARD_STREAMS[device]
 
 
 class LmdeployEngine(ScheduledEngine):
@@ -71,7 +64,7 @@ class LmdeployEngine(ScheduledEngine):
         # stream a matmul ran on for the life of the process: one per engine would grow the process
         # by a workspace for every engine the suites build. All engines here run one at a time, so
         # they share one stream (set before anything ran on the agent's own).
-        self.agent.stream = forward_stream(torch.cuda.current_device())
+        self.agent.stream = shared_stream(_FORWARD_STREAMS, torch.cuda.current_device())
         self.runner = self.agent.patched_model
         self.vocab = int(self.agent.model_config.vocab_size)
         self.live_sizes = list(self.runner.get_capture_batch_sizes())

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.kit.observer import ObserverBase
+
 GRAPH_PATH_DECLINED_BEFORE_CAPTURE = "before capture()"
 GRAPH_PATH_DECLINED_FOR_EAGER = "eager_step"
 
@@ -48,30 +50,21 @@ class EagerShapeError(ValueError):
     """An eager reference at a padded size for a step LMDeploy never pads."""
 
 
-class GraphRunnerObserver:
+class GraphRunnerObserver(ObserverBase):
+    record_type = StepRecord
+
     def __init__(self, runner, eager_runner, vocab_size: int, max_model_len: int):
         """`runner`: LMDeploy's CUDAGraphRunner; `eager_runner(size)`: a callable running a forward
         eagerly at `size` padded tokens with a graph's layout (engine.py)."""
         self.runner, self.model = runner, runner.model
         self.eager_runner = eager_runner
-        self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        super().__init__(vocab_size, max_model_len)
         self.graphs_allowed = False  # set once capture() has run
         self.capturing = False  # inside capture(): captures belong to the capture phase
         self.capture_order: list[tuple] = []  # every key captured, in order
         self.graphs: dict[tuple, object] = {}  # key -> LMDeploy's CUDASingleGraphRunner captured under it
         self.captures_in_service = 0
-        self.record = StepRecord()
-        self.eager_size: int | None = None
-        self.fill: str | None = None
-        self._fills = 0
         self._wrap()
-
-    def start(self, eager_size: int | None = None, fill: str | None = None) -> StepRecord:
-        self.record, self.eager_size, self.fill = StepRecord(), eager_size, fill
-        return self.record
-
-    def stop(self) -> None:
-        self.eager_size = self.fill = None
 
     def _wrap(self) -> None:
         runner, model = self.runner, self.model
@@ -154,15 +147,4 @@ class GraphRunnerObserver:
         return int(graph_meta.max_tokens)
 
     def _fill_padded_rows(self, buffers, real: int, padded: int) -> None:
-        import torch
-
-        ids, positions = buffers["input_ids"][0, real:padded], buffers["position_ids"][0, real:padded]
-        if self.fill == "zeros":
-            ids.zero_()
-            positions.zero_()
-            return
-        self._fills += 1  # "random": valid ids and positions, other ones on every call
-        generator = torch.Generator(device=ids.device).manual_seed(self._fills)
-        ids.copy_(torch.randint(0, self.vocab_size, ids.shape, generator=generator, device=ids.device))
-        positions.copy_(torch.randint(0, self.max_model_len, positions.shape, generator=generator,
-                                      device=positions.device))
+        self.fill_padded(buffers["input_ids"][0, real:padded], buffers["position_ids"][0, real:padded])

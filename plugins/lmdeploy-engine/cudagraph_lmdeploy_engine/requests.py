@@ -14,27 +14,11 @@ offset. Writes into the reserved block are LMDeploy's sink and have no slot.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from harness.kit.block_book import BlockBook
+from harness.kit.block_book import BlockBook, Placed as Planned  # one request of a step, checked and placed
 
 from .settings import RESERVED_BLOCKS
 
 PADDING_SLOT = -1  # what a row writing into the reserved block reports (it owns no slot)
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One request of a step, checked and placed."""
-
-    request_id: int
-    new_tokens: tuple[int, ...]
-    context_len: int
-    blocks: tuple[int, ...]
-
-    @property
-    def num_new(self) -> int:
-        return len(self.new_tokens)
 
 
 class Requests(BlockBook):
@@ -43,9 +27,6 @@ class Requests(BlockBook):
 
     def __init__(self, num_blocks: int, block_size: int, vocab: int, max_len: int, max_seqs: int, max_tokens: int):
         super().__init__(num_blocks, block_size, vocab, max_len, max_seqs, max_tokens, first_block=RESERVED_BLOCKS)
-
-    def placed(self, request, live, tokens) -> Planned:
-        return Planned(request.request_id, tokens, request.context_len, tuple(live.blocks))
 
     def slot(self, request_id: int, position: int) -> int:
         """The slot a position of a live request is written to."""

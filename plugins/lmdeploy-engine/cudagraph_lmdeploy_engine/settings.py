@@ -9,8 +9,6 @@ already set wins, and the build checks the two that would change what the suites
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from harness.kit import guard
 from harness.kit.events import EventLog
 from harness.kit.guard import EngineRandom  # noqa: F401  (this module's name for it, kept)
@@ -68,12 +66,9 @@ def engine_config(config, resolved: str):
         device_type="cuda", distributed_executor_backend="uni")
 
 
-@contextmanager
-def process_state_restored(rng):
-    """Run a call into LMDeploy with its own random streams, and put back what it changes for the
-    process. LMDeploy draws from torch's global generators (every graph step fills its padded
-    token ids with `random_`, CudaGraphMixin.fill_buffers_cudagraph; warm-up draws dummy inputs):
-    `rng` (harness.kit.guard.EngineRandom) holds LMDeploy's CPU and CUDA generator states between
-    calls, so its draws go on as one stream and the caller's generators are untouched."""
-    with guard.environment_restored(), guard.own_random(rng):
-        yield
+# A call into LMDeploy with its own random streams, and what it changes for the process put back
+# (`process_state_restored(rng)`). LMDeploy draws from torch's global generators (every graph step
+# fills its padded token ids with `random_`, CudaGraphMixin.fill_buffers_cudagraph; warm-up draws
+# dummy inputs): `rng` (harness.kit.guard.EngineRandom) holds LMDeploy's CPU and CUDA generator
+# states between calls, so its draws go on as one stream and the caller's generators are untouched.
+process_state_restored = guard.process_state_restored

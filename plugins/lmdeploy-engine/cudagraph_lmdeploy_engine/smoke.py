@@ -13,9 +13,7 @@ and ran.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 from . import settings
 
@@ -44,29 +42,12 @@ def engine_config(runtime, mode: str, preset: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--presets", default=",".join(PRESETS))
-    parser.add_argument("--live", default=None, help="append LMDeploy's live state here as JSON lines")
-    args = parser.parse_args(argv)
-    settings.apply_environment()
-    start = time.perf_counter()
-    import torch
-
+    settings.apply_environment()  # before anything imports LMDeploy or the hub
     from harness import smoke
 
-    from .runtime import LmdeployEngineRuntime
-
-    log = smoke.Log(args.live)
-    smoke.watch_cuda_graphs()
-    with settings.timed("smoke: runtime (imports LMDeploy)"):
-        runtime = LmdeployEngineRuntime()
-    log("runtime", f"{runtime.name} {runtime.version}; torch {torch.__version__}; {torch.cuda.get_device_name(0)}",
-        capabilities=runtime.capabilities.summary(), precision=runtime.capabilities.precision)
-    failed = smoke.drive(runtime, [m for m in args.modes.split(",") if m], [p for p in args.presets.split(",") if p],
-                         log=log, joins=JOINS, steps=STEPS, step_details=step_details)
-    log("done", f"done in {time.perf_counter() - start:.1f}s; failed: {failed or 'none'}", failed=failed)
-    return 1 if failed else 0
+    return smoke.main(argv, runtime="cudagraph_lmdeploy_engine.runtime:LmdeployEngineRuntime", modes=MODES,
+                      presets=PRESETS, description=__doc__.splitlines()[0], joins=JOINS, steps=STEPS,
+                      step_details=step_details)
 
 
 if __name__ == "__main__":

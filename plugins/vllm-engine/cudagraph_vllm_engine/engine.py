@@ -73,6 +73,33 @@ class VllmEngine(ScheduledEngine):
             self.close()  # a failed build gives back what it made, as a closed engine does
             raise
 
+    # The hooks the V1 engine (v1_engine.py) fills in; everything else of the build is the same.
+    observer_class = StepObserver
+    KV_STAGE = "KV cache and graph manager"  # what the build's KV stage makes, for the events log
+
+    def _engine_args(self, config: p.EngineConfig):
+        # One more position than the harness asks for: after a step the runner writes the sampled
+        # token at index len(tokens) of its per-request token table (input_batch.post_update).
+        return settings.engine_args(config.checkpoint, config.policy, dtype=config.dtype, seed=config.seed,
+                                    max_model_len=config.max_model_len + 1)
+
+    def _check_runner(self, vllm_config, label: str) -> None:
+        if not vllm_config.use_v2_model_runner:
+            raise EngineError("vLLM chose its V1 model runner for this config; this runtime drives the V2 runner "
+                               "(vllm/v1/worker/gpu/model_runner.py) only")
+
+    def _runner_made(self, vllm_config, label: str) -> None:
+        """After the executor made the runner, before the profile run."""
+
+    def _take_graphs(self) -> None:
+        self.manager = self.runner.cudagraph_manager
+
+    def _kernel_block_size(self) -> int:
+        return self.runner.kernel_block_sizes[0]
+
+    def _built(self, label: str) -> None:
+        """The build's last step before the build's cached memory is handed back."""
+
     def _build(self) -> None:
         import torch
         from vllm.config import set_current_vllm_config
@@ -82,38 +109,35 @@ class VllmEngine(ScheduledEngine):
         config, label = self.config, self.label
         policy = config.policy
         attention_trace.install()  # only where CUDAGRAPH_VLLM_ATTENTION_TRACE asks for it
-        # One more position than the harness asks for: after a step the runner writes the sampled
-        # token at index len(tokens) of its per-request token table (input_batch.post_update).
-        args = settings.engine_args(config.checkpoint, policy, dtype=config.dtype, seed=config.seed,
-                                    max_model_len=config.max_model_len + 1)
+        args = self._engine_args(config)
         with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
                 settings.process_state_restored():
             self.vllm_config = vllm_config = settings.create_vllm_config(args)
-            if not vllm_config.use_v2_model_runner:
-                raise EngineError("vLLM chose its V1 model runner for this config; this runtime drives the V2 runner "
-                                   "(vllm/v1/worker/gpu/model_runner.py) only")
+            self._check_runner(vllm_config, label)
             with settings.timed(f"  {label}: executor (worker, device, model load)"):
                 self.executor = UniProcExecutor(vllm_config)
             self.live.add(self)  # from here on close() has something to give back, a failed build included
             self.runner = self.executor.driver_worker.worker.model_runner
+            self._runner_made(vllm_config, label)
             with set_current_vllm_config(vllm_config):
                 specs = self.executor.get_kv_cache_specs()
                 with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
                     self.runner.profile_run()
-                block_size, num_blocks = self._kv_cache(vllm_config, specs, "KV cache and graph manager")
+                block_size, num_blocks = self._kv_cache(vllm_config, specs, self.KV_STAGE)
         self.build_warnings = tuple(warnings)
-        self.manager = self.runner.cudagraph_manager
+        self._take_graphs()
         self.resolved = self.manager.cudagraph_mode.name
         self._check_attention()
         self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
-        self.kernel_block_size = self.runner.kernel_block_sizes[0]
+        self.kernel_block_size = self._kernel_block_size()
         self.requests = Requests(num_blocks, block_size, self.vocab, config.max_model_len, policy.max_num_seqs,
                                  vllm_config.scheduler_config.max_num_batched_tokens)
-        self.observer = StepObserver(self.runner, self.vocab, config.max_model_len)
+        self.observer = self.observer_class(self.runner, self.vocab, config.max_model_len)
         self.sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
         self.captured: p.CaptureReport | None = None
         self.last = None
         self.steps = 0
+        self._built(label)
         # The harness measures graph memory as free device memory around capture(): leave no cached
         # blocks of the build behind for capture_model's own empty_cache() to hand back.
         gc.collect()
@@ -152,19 +176,23 @@ class VllmEngine(ScheduledEngine):
         return sizes.pop()
 
     # -- capture ------------------------------------------------------------------------------
-    def capture(self) -> p.CaptureReport:
-        from vllm.compilation.counter import compilation_counter
-
+    def _capture_model(self) -> tuple:
+        """The runner's capture_model, once an engine: (vLLM's own memory measure, seconds)."""
         if self.captured is not None:
             raise RuntimeError("capture() already ran for this engine: vLLM captures once, at engine start, "
                                "and the capture phase is over")
-        captured_before, full_before = compilation_counter.num_cudagraph_captured, len(self.manager.graphs)
         self.observer.start()  # capture runs the piecewise path too: keep it off the last step's record
         with settings.timed(f"capture {self.label}"):
             start = time.perf_counter()
             with self._set_config(self.vllm_config), settings.process_state_restored():
                 memory = self.runner.capture_model()  # vLLM's own measure: free memory before minus after
-            seconds = time.perf_counter() - start
+            return memory, time.perf_counter() - start
+
+    def capture(self) -> p.CaptureReport:
+        from vllm.compilation.counter import compilation_counter
+
+        captured_before, full_before = compilation_counter.num_cudagraph_captured, len(self.manager.graphs)
+        memory, seconds = self._capture_model()
         full = len(self.manager.graphs) - full_before
         piecewise = compilation_counter.num_cudagraph_captured - captured_before - full
         graphs = {mode: count for mode, count in (("PIECEWISE", piecewise), ("FULL", full)) if count}

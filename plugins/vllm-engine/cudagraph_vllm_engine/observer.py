@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.kit.observer import ObserverBase
+
 
 @dataclasses.dataclass
 class StepRecord:
@@ -30,14 +32,12 @@ class StepRecord:
     block_tables: object | None = None  # the first KV cache group's
 
 
-class StepObserver:
+class StepObserver(ObserverBase):
+    record_type = StepRecord
+
     def __init__(self, runner, vocab_size: int, max_model_len: int):
         self.runner = runner
-        self.vocab_size, self.max_model_len = vocab_size, max_model_len
-        self.record = StepRecord()
-        self.eager_size: int | None = None  # set by eager_step: run eager at this many tokens
-        self.fill: str | None = None  # set by step(padding_fill=...)
-        self._fills = 0
+        super().__init__(vocab_size, max_model_len)
         manager = runner.cudagraph_manager
         real_dispatch, real_full, real_piecewise = manager.dispatch, manager.run_fullgraph, manager.run_pw_graph
         real_prepare_attn = runner.prepare_attn
@@ -66,13 +66,6 @@ class StepObserver:
         manager.dispatch, manager.run_fullgraph, manager.run_pw_graph = dispatch, run_fullgraph, run_pw_graph
         runner.prepare_attn = prepare_attn
 
-    def start(self, eager_size: int | None = None, fill: str | None = None) -> StepRecord:
-        self.record, self.eager_size, self.fill = StepRecord(), eager_size, fill
-        return self.record
-
-    def stop(self) -> None:
-        self.eager_size = self.fill = None
-
     def _eager(self, desc):
         """An eager descriptor at the requested size, with the request padding the graph of that
         size would use (so the eager reference runs the graph step's exact shape)."""
@@ -84,22 +77,10 @@ class StepObserver:
                                    uniform_token_count=None)
 
     def _inputs(self, input_batch, slot_mappings, block_tables) -> None:
-        import torch
-
         real, padded = input_batch.num_tokens, input_batch.num_tokens_after_padding
         buffers = self.runner.input_buffers
         if self.fill is not None and padded > real:
-            rows = padded - real
-            if self.fill == "zeros":
-                buffers.input_ids[real:padded].zero_()
-                buffers.positions[real:padded].zero_()
-            else:  # "random": valid ids and positions, different on every call
-                self._fills += 1
-                generator = torch.Generator(device=buffers.input_ids.device).manual_seed(self._fills)
-                buffers.input_ids[real:padded].copy_(torch.randint(0, self.vocab_size, (rows,), generator=generator,
-                                                                   device=buffers.input_ids.device))
-                buffers.positions[real:padded].copy_(torch.randint(0, self.max_model_len, (rows,), generator=generator,
-                                                                   device=buffers.positions.device))
+            self.fill_padded(buffers.input_ids[real:padded], buffers.positions[real:padded])
         self.record.token_ids = buffers.input_ids[:padded].clone()
         self.record.positions = buffers.positions[:padded].clone()
         self.record.slot_mapping = slot_mappings[0][:padded].clone()

@@ -92,6 +92,11 @@ def num_reqs_of(config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int
 
 
 class VllmPolicy:
+    """The V2 runner's answers. The V1 runner's (v1_policy.VllmV1Policy) differ only in the hooks
+    below: the EngineArgs a question is asked with, the runner checked, the resolution and the table."""
+
+    QUESTION_RULES: str | None = None  # the rules a resolve_mode question's PolicyConfig names
+
     def __init__(self, model_dir: str | Path = POLICY_MODEL):
         self.model_dir = str(model_dir)
         self.support = attention_support()
@@ -100,13 +105,27 @@ class VllmPolicy:
     def answer(self, config: p.PolicyConfig) -> Answer:
         return self._answer(config)
 
+    def _args(self, config: p.PolicyConfig, **kwargs):
+        return settings.engine_args(self.model_dir, config, draft=self.model_dir, **kwargs)
+
+    def _check_runner(self, vllm_config) -> None:
+        pass
+
+    def _resolve(self, vllm_config, support, backend_name: str, decode_query_len: int):
+        return resolve(vllm_config, support, backend_name, decode_query_len)
+
+    def _dispatcher(self, vllm_config, mode, decode_query_len: int):
+        return dispatcher_for(vllm_config, mode, decode_query_len)
+
     def _compute(self, config: p.PolicyConfig) -> Answer:
         from vllm.v1.attention.backend import AttentionCGSupport
 
         with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config, draft=self.model_dir))
-            mode = resolve(vllm_config, AttentionCGSupport[self.support], settings.ATTENTION_BACKEND, config.query_len)
-            manager = dispatcher_for(vllm_config, mode, config.query_len)
+            vllm_config = settings.create_vllm_config(self._args(config))
+            self._check_runner(vllm_config)
+            mode = self._resolve(vllm_config, AttentionCGSupport[self.support], settings.ATTENTION_BACKEND,
+                                 config.query_len)
+            manager = self._dispatcher(vllm_config, mode, config.query_len)
         sizes = tuple(sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())) if mode.name != "NONE" else ()
         return Answer(sizes, mode.name, tuple(warnings), manager)
 
@@ -138,19 +157,19 @@ class VllmPolicy:
             compilation = {"mode": 0}  # CompilationMode.NONE: the forward is not split, no piecewise graphs
         else:
             compilation = {}
-        config = p.PolicyConfig(mode=request.mode)
+        config = p.PolicyConfig(mode=request.mode, rules=self.QUESTION_RULES)
         with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(settings.engine_args(self.model_dir, config, compilation=compilation,
-                                                                           draft=self.model_dir))
-            mode = resolve(vllm_config, AttentionCGSupport[request.support], f"a backend of support {request.support}",
-                           1 + request.num_speculative_tokens)
+            vllm_config = settings.create_vllm_config(self._args(config, compilation=compilation))
+            mode = self._resolve(vllm_config, AttentionCGSupport[request.support],
+                                 f"a backend of support {request.support}", 1 + request.num_speculative_tokens)
         return p.Resolution(request.mode, mode.name, tuple(warnings))
 
 
-def resolve(vllm_config, support, backend_name: str, decode_query_len: int):
-    """The mode GPUModelRunner.initialize_kv_cache resolves (vllm/v1/worker/gpu/model_runner.py);
-    vLLM raises ValueError where no graph mode is possible."""
+def resolve(vllm_config, support, backend_name: str, decode_query_len: int, use_v2_model_runner: bool = True):
+    """The mode GPUModelRunner.initialize_kv_cache resolves (vllm/v1/worker/gpu/model_runner.py; the
+    V1 runner's _check_and_update_cudagraph_mode with use_v2_model_runner=False, its max_num_reqs
+    max_num_seqs too); vLLM raises ValueError where no graph mode is possible."""
     return vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
-        support, backend_name, decode_query_len, use_v2_model_runner=True,
+        support, backend_name, decode_query_len, use_v2_model_runner=use_v2_model_runner,
         tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         max_num_reqs=vllm_config.scheduler_config.max_num_seqs)

@@ -39,13 +39,10 @@ def apply_environment() -> None:
     guard.apply_environment(ENVIRONMENT)
 
 
-@contextmanager
-def process_state_restored():
-    """Put back what vLLM changes for the whole process during a call: it draws from torch's
-    global CPU and CUDA generators (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own
-    cache when it compiles (harness.kit.guard)."""
-    with guard.environment_restored(), guard.random_forked():
-        yield
+# What vLLM changes for the whole process during a call, put back: it draws from torch's global CPU
+# and CUDA generators (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own cache when
+# it compiles. Called with no engine streams: the caller's generators are forked around the call.
+process_state_restored = guard.process_state_restored
 
 
 def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,

@@ -14,9 +14,7 @@ and ran.
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 from . import settings
 
@@ -35,33 +33,22 @@ def engine_config(runtime, mode: str):
     return suites_config(runtime, mode, PRESET)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default=",".join(MODES))
-    args = parser.parse_args(argv)
-    settings.apply_environment()
-    start = time.perf_counter()
-    import torch
-
-    from harness import smoke
+def policy_questions(runtime, log, args) -> list[str]:
     from harness.protocol import PolicyConfig
 
-    from .runtime import VllmEngineRuntime
-
-    smoke.watch_cuda_graphs()
-    log = smoke.Log()
-    with settings.timed("smoke: runtime (imports vLLM)"):
-        runtime = VllmEngineRuntime()
-    log("runtime", f"runtime {runtime.name} {runtime.version}; torch {torch.__version__}; "
-        f"{torch.cuda.get_device_name(0)}")
-    log("runtime", f"capabilities: {runtime.capabilities.summary()}")
     with settings.timed("smoke: policy questions with speculative tokens (vLLM inspects the EAGLE draft once)"):
         sizes = runtime.capture_sizes(PolicyConfig(max_num_seqs=32, num_speculative_tokens=1, rules="vllm-0.25/v2"))
     log("policy", f"policy: q = 2, max_num_seqs 32: {len(sizes)} sizes up to {sizes[-1]}")
-    failed = smoke.drive(runtime, [m for m in args.modes.split(",") if m], (PRESET,), log=log, joins=JOINS,
-                         steps=STEPS, keep_first_open=True)
-    log("done", f"done in {time.perf_counter() - start:.1f}s; modes failed: {failed or 'none'}")
-    return 1 if failed else 0
+    return []
+
+
+def main(argv=None) -> int:
+    settings.apply_environment()  # before anything imports vLLM or the hub
+    from harness import smoke
+
+    return smoke.main(argv, runtime="cudagraph_vllm_engine.runtime:VllmEngineRuntime", modes=MODES, presets=(PRESET,),
+                      description=__doc__.splitlines()[0], before=policy_questions, joins=JOINS, steps=STEPS,
+                      keep_first_open=True)
 
 
 if __name__ == "__main__":

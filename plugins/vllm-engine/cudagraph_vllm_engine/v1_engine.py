@@ -10,14 +10,10 @@ drafts, handed over as vLLM's scheduler hands drafts (`scheduled_spec_decode_tok
 """
 from __future__ import annotations
 
-import gc
-import time
-
 from harness import protocol as p
 
-from . import attention_trace, ngram_stand_in, settings
+from . import ngram_stand_in, settings
 from .engine import SAMPLE_CHECK, EngineError, VllmEngine, request_rows
-from .requests import Requests
 from .v1_lora import load_each, lora_requests, request_lora
 from .v1_observer import V1StepObserver
 from .v1_policy import RUNNER_SWITCH, v1_args, v1_graph_keys
@@ -37,84 +33,61 @@ class VllmV1Engine(VllmEngine):
     PADDING_BLOCK = 0  # vLLM's NULL_BLOCK_ID: _build_attention_metadata fills padded rows with it
     adapters: dict = {}  # adapter id (Request.lora) -> vLLM's LoRARequest; set at build, never changed
 
-    def _build(self) -> None:
-        import torch
-        from vllm.config import set_current_vllm_config
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    observer_class = V1StepObserver
+    KV_STAGE = "KV cache and dispatcher keys"
 
-        config, label = self.config, self.label
+    def _engine_args(self, config: p.EngineConfig):
         policy = config.policy
         self.num_speculative_tokens = policy.num_speculative_tokens
-        attention_trace.install()
-        args = v1_args(config.checkpoint, policy, tuple(config.lora_adapters), dtype=config.dtype, seed=config.seed,
+        return v1_args(config.checkpoint, policy, tuple(config.lora_adapters), dtype=config.dtype, seed=config.seed,
                        max_model_len=config.max_model_len + 1 + policy.num_speculative_tokens)
-        with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
-                settings.process_state_restored():
-            self.vllm_config = vllm_config = settings.create_vllm_config(args)
-            if vllm_config.use_v2_model_runner:
-                raise EngineError(f"vLLM chose its V2 model runner although {RUNNER_SWITCH}=0; this runtime drives "
-                                   "the V1 runner (vllm/v1/worker/gpu_model_runner.py) only")
-            if policy.num_speculative_tokens:
-                settings.event(f"  {label}: ngram proposer: {ngram_stand_in.install()}")
-            with settings.timed(f"  {label}: executor (worker, device, model load)"):
-                self.executor = UniProcExecutor(vllm_config)
-            self.live.add(self)
-            self.runner = self.executor.driver_worker.worker.model_runner
-            if not hasattr(self.runner, "cudagraph_dispatcher"):
-                raise EngineError(f"vLLM's model runner {type(self.runner).__module__}.{type(self.runner).__name__} "
-                                   "has no cudagraph_dispatcher: not the V1 GPUModelRunner")
-            self.adapters = {}
-            if config.lora_adapters:
-                from vllm.lora.request import LoRARequest
 
-                if getattr(self.runner, "lora_manager", None) is None:
-                    raise EngineError("vLLM's V1 runner has no lora_manager although LoRA was enabled "
-                                      f"(lora_config {vllm_config.lora_config}): the model was not wrapped for LoRA")
-                self.adapters = lora_requests(tuple(config.lora_adapters), LoRARequest)
-                with set_current_vllm_config(vllm_config), settings.timed(f"  {label}: LoRA adapters loaded once"):
-                    load_each(self.runner.lora_manager, self.adapters)
-            with set_current_vllm_config(vllm_config):
-                specs = self.executor.get_kv_cache_specs()
-                with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
-                    self.runner.profile_run()
-                block_size, num_blocks = self._kv_cache(vllm_config, specs, "KV cache and dispatcher keys")
-        self.build_warnings = tuple(warnings)
+    def _check_runner(self, vllm_config, label: str) -> None:
+        if vllm_config.use_v2_model_runner:
+            raise EngineError(f"vLLM chose its V2 model runner although {RUNNER_SWITCH}=0; this runtime drives "
+                               "the V1 runner (vllm/v1/worker/gpu_model_runner.py) only")
+        if self.num_speculative_tokens:
+            settings.event(f"  {label}: ngram proposer: {ngram_stand_in.install()}")
+
+    def _runner_made(self, vllm_config, label: str) -> None:
+        """The V1 runner's dispatcher checked, and the LoRA adapters loaded once."""
+        from vllm.config import set_current_vllm_config
+
+        config = self.config
+        if not hasattr(self.runner, "cudagraph_dispatcher"):
+            raise EngineError(f"vLLM's model runner {type(self.runner).__module__}.{type(self.runner).__name__} "
+                               "has no cudagraph_dispatcher: not the V1 GPUModelRunner")
+        self.adapters = {}
+        if config.lora_adapters:
+            from vllm.lora.request import LoRARequest
+
+            if getattr(self.runner, "lora_manager", None) is None:
+                raise EngineError("vLLM's V1 runner has no lora_manager although LoRA was enabled "
+                                  f"(lora_config {vllm_config.lora_config}): the model was not wrapped for LoRA")
+            self.adapters = lora_requests(tuple(config.lora_adapters), LoRARequest)
+            with set_current_vllm_config(vllm_config), settings.timed(f"  {label}: LoRA adapters loaded once"):
+                load_each(self.runner.lora_manager, self.adapters)
+
+    def _take_graphs(self) -> None:
         self.dispatcher = self.manager = self.runner.cudagraph_dispatcher
-        self.resolved = self.dispatcher.cudagraph_mode.name
-        self._check_attention()
-        self.vocab, self.num_blocks = vllm_config.model_config.get_vocab_size(), num_blocks
+
+    def _kernel_block_size(self) -> int:
         sizes = getattr(self.runner, "kernel_block_sizes", None) or getattr(self.runner, "_init_kernel_block_sizes", None)
         if not sizes or not isinstance(sizes[0], int):
             raise EngineError(f"could not read the V1 runner's kernel block size (found {sizes!r})")
-        self.kernel_block_size = sizes[0]
-        self.requests = Requests(num_blocks, block_size, self.vocab, config.max_model_len, policy.max_num_seqs,
-                                 vllm_config.scheduler_config.max_num_batched_tokens)
-        self.observer = V1StepObserver(self.runner, self.vocab, config.max_model_len)
-        self.sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
-        self.captured: p.CaptureReport | None = None
-        self.last = None
-        self.steps = 0
+        return sizes[0]
+
+    def _built(self, label: str) -> None:
         self.accepted: dict[int, int] = {}  # request id -> drafts vLLM's rejection sampler accepted, last step
         settings.event(f"built {label}: V1 runner, resolved {self.resolved}, keys {self.graph_descriptors()}")
-        gc.collect()
-        torch.cuda.empty_cache()
 
     # -- capture ------------------------------------------------------------------------------
     def capture(self) -> p.CaptureReport:
         from vllm.compilation.counter import compilation_counter
 
-        if self.captured is not None:
-            raise RuntimeError("capture() already ran for this engine: vLLM captures once, at engine start, "
-                               "and the capture phase is over")
         counted_before = compilation_counter.num_cudagraph_captured
         descs = [] if self.resolved == "NONE" else self.dispatcher.get_capture_descs()
-        self.observer.start()
-        with settings.timed(f"capture {self.label}"):
-            start = time.perf_counter()
-            with self._set_config(self.vllm_config), settings.process_state_restored():
-                memory = self.runner.capture_model()
-            seconds = time.perf_counter() - start
+        memory, seconds = self._capture_model()
         # vLLM counts every CUDA graph it captures, a FULL key's one and each piece of a PIECEWISE
         # key's; the FULL keys are the dispatcher's, so the rest are pieces.
         captured = compilation_counter.num_cudagraph_captured - counted_before
@@ -245,11 +218,6 @@ class VllmV1Engine(VllmEngine):
             **dict(inputs.not_exposed or {}),
             "lora_ids": "vLLM keeps each token row's adapter as a slot index in its LoRA manager's punica wrapper "
                         "(set by set_active_loras each step), not in a static input of the runner this runtime reads"})
-
-    def capture_sizes(self) -> list[int]:
-        if self.resolved == "NONE":
-            return []
-        return sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or ())
 
     def describe(self) -> dict:
         info = super().describe()

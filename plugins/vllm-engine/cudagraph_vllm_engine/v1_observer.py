@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.kit.observer import ObserverBase
+
 
 @dataclasses.dataclass
 class V1StepRecord:
@@ -43,15 +45,13 @@ def first_slot_mapping(slot_mapping):
     return slot_mapping
 
 
-class V1StepObserver:
+class V1StepObserver(ObserverBase):
+    record_type = V1StepRecord
+
     def __init__(self, runner, vocab_size: int, max_model_len: int, forward_context=None):
         self.runner = runner
-        self.vocab_size, self.max_model_len = vocab_size, max_model_len
-        self.record = V1StepRecord()
-        self.eager_size: int | None = None
-        self.fill: str | None = None
+        super().__init__(vocab_size, max_model_len)
         self.real_tokens = 0
-        self._fills = 0
         if forward_context is None:
             from vllm.forward_context import get_forward_context as forward_context
         self._context = forward_context
@@ -77,13 +77,6 @@ class V1StepObserver:
         """The next step's real tokens (the rows a padding fill must leave alone)."""
         self.real_tokens = num_real_tokens
 
-    def start(self, eager_size: int | None = None, fill: str | None = None) -> V1StepRecord:
-        self.record, self.eager_size, self.fill = V1StepRecord(), eager_size, fill
-        return self.record
-
-    def stop(self) -> None:
-        self.eager_size = self.fill = None
-
     def _eager(self, mode, desc):
         """NONE at the requested size, keeping the request padding the graph of that size would use."""
         eager = type(mode).NONE
@@ -92,8 +85,6 @@ class V1StepObserver:
         return eager, dataclasses.replace(desc, num_tokens=self.eager_size, num_reqs=rows)  # vLLM's own names
 
     def _before_forward(self, input_ids, positions) -> None:
-        import torch
-
         context = self._context()
         record = self.record
         record.forwards += 1
@@ -103,17 +94,7 @@ class V1StepObserver:
         padded = record.forward_tokens or 0
         real = self.real_tokens
         if self.fill is not None and input_ids is not None and padded > real:
-            rows = padded - real
-            if self.fill == "zeros":
-                input_ids[real:padded].zero_()
-                positions[real:padded].zero_()
-            else:
-                self._fills += 1
-                generator = torch.Generator(device=input_ids.device).manual_seed(self._fills)
-                input_ids[real:padded].copy_(torch.randint(0, self.vocab_size, (rows,), generator=generator,
-                                                           device=input_ids.device).to(input_ids.dtype))
-                positions[real:padded].copy_(torch.randint(0, self.max_model_len, (rows,), generator=generator,
-                                                           device=positions.device).to(positions.dtype))
+            self.fill_padded(input_ids[real:padded], positions[real:padded])
         record.token_ids = None if input_ids is None else input_ids[:padded].clone()
         record.positions = None if positions is None else positions[:padded].clone()
         slots = first_slot_mapping(getattr(context, "slot_mapping", None))

@@ -11,20 +11,11 @@ import dataclasses
 from harness import protocol as p
 
 from . import settings
-from .policy import VERSION, Answer, VllmPolicy
+from .policy import VERSION, VllmPolicy, resolve
 from .v1_lora import lora_args
 
 # vLLM 0.25 reads this when a VllmConfig asks which runner to use (envs.py, VllmConfig.use_v2_model_runner).
 RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-def v1_dispatcher(vllm_config, mode, decode_query_len: int):
-    """vLLM's CudagraphDispatcher with the keys the V1 runner initialises after resolving the mode."""
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-
-    dispatcher = CudagraphDispatcher(vllm_config)
-    dispatcher.initialize_cudagraph_keys(mode, decode_query_len)
-    return dispatcher
 
 
 def v1_graph_keys(dispatcher) -> dict[str, tuple]:
@@ -37,14 +28,6 @@ def as_dispatch(mode, desc) -> p.Dispatch:
     """A V1 (CUDAGraphMode, BatchDescriptor) as the protocol's Dispatch."""
     return p.Dispatch(mode.name, p.Descriptor(desc.num_tokens, desc.num_reqs, desc.uniform, desc.has_lora,
                                               desc.num_active_loras))
-
-
-def resolve_v1(vllm_config, support, backend_name: str, decode_query_len: int):
-    """The mode GPUModelRunner._check_and_update_cudagraph_mode resolves (its max_num_reqs: max_num_seqs)."""
-    return vllm_config.compilation_config.resolve_cudagraph_mode_and_sizes(
-        support, backend_name, decode_query_len, use_v2_model_runner=False,
-        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-        max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
 
 
 def v1_args(model_dir, config: p.PolicyConfig, adapters: tuple[str, ...] = (), **kwargs):
@@ -61,19 +44,27 @@ def v1_args(model_dir, config: p.PolicyConfig, adapters: tuple[str, ...] = (), *
 
 
 class VllmV1Policy(VllmPolicy):
-    def _compute(self, config: p.PolicyConfig) -> Answer:
-        from vllm.v1.attention.backend import AttentionCGSupport
+    QUESTION_RULES = f"vllm-{VERSION}/v1"
 
-        with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(v1_args(self.model_dir, config))
-            if vllm_config.use_v2_model_runner:
-                raise RuntimeError(f"vLLM chose its V2 runner for a V1 policy question ({RUNNER_SWITCH}="
-                                   f"{__import__('os').environ.get(RUNNER_SWITCH)!r}); the V1 runtime sets it to 0")
-            mode = resolve_v1(vllm_config, AttentionCGSupport[self.support], settings.ATTENTION_BACKEND,
-                              config.query_len)
-            dispatcher = v1_dispatcher(vllm_config, mode, config.query_len)
-        sizes = tuple(sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())) if mode.name != "NONE" else ()
-        return Answer(sizes, mode.name, tuple(warnings), dispatcher)
+    def _args(self, config: p.PolicyConfig, **kwargs):
+        return v1_args(self.model_dir, config, **kwargs)
+
+    def _check_runner(self, vllm_config) -> None:
+        if vllm_config.use_v2_model_runner:
+            raise RuntimeError(f"vLLM chose its V2 runner for a V1 policy question ({RUNNER_SWITCH}="
+                               f"{__import__('os').environ.get(RUNNER_SWITCH)!r}); the V1 runtime sets it to 0")
+
+    def _resolve(self, vllm_config, support, backend_name: str, decode_query_len: int):
+        """The mode GPUModelRunner._check_and_update_cudagraph_mode resolves."""
+        return resolve(vllm_config, support, backend_name, decode_query_len, use_v2_model_runner=False)
+
+    def _dispatcher(self, vllm_config, mode, decode_query_len: int):
+        """vLLM's CudagraphDispatcher with the keys the V1 runner initialises after resolving the mode."""
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        dispatcher = CudagraphDispatcher(vllm_config)
+        dispatcher.initialize_cudagraph_keys(mode, decode_query_len)
+        return dispatcher
 
     def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
@@ -83,19 +74,3 @@ class VllmV1Policy(VllmPolicy):
         mode, desc = dispatcher.dispatch(num_tokens=num_real_tokens, uniform_decode=uniform,  # vLLM's own name
                                          has_lora=num_active_loras > 0, num_active_loras=num_active_loras)
         return as_dispatch(mode, desc)
-
-    def resolve_mode(self, request: p.ResolveRequest) -> p.Resolution:
-        from vllm.v1.attention.backend import AttentionCGSupport
-
-        if request.splitting_ops_empty:
-            compilation = {"splitting_ops": []}
-        elif not request.attention_in_splitting_ops:
-            compilation = {"mode": 0}
-        else:
-            compilation = {}
-        config = p.PolicyConfig(mode=request.mode, rules=f"vllm-{VERSION}/v1")
-        with settings.collect_cudagraph_warnings() as warnings:
-            vllm_config = settings.create_vllm_config(v1_args(self.model_dir, config, compilation=compilation))
-            mode = resolve_v1(vllm_config, AttentionCGSupport[request.support],
-                              f"a backend of support {request.support}", 1 + request.num_speculative_tokens)
-        return p.Resolution(request.mode, mode.name, tuple(warnings))
