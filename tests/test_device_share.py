@@ -3,7 +3,9 @@
 and an exclusive holder that waits is not passed by shared ones that come after it."""
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -85,3 +87,21 @@ class _Config:
 def test_only_xdist_workers_on_cuda_lock_the_device():
     assert device_share.for_worker(_Config(), "cuda") is None  # one process: nothing else is on the GPU
     assert device_share.for_worker(_Config({"workerid": "gw1", "testrunuid": "x"}), "emulated") is None
+
+
+def test_two_runs_naming_one_directory_lock_each_other(tmp_path, monkeypatch):
+    """Two lanes on one GPU (two pytest runs with other run ids) share their locks where both set
+    CUDAGRAPH_DEVICE_SHARE_DIR; without it each run has a directory of its own."""
+    monkeypatch.setattr(device_share.machine, "worker_device", lambda index: 0)
+    own = [device_share.for_worker(_Config({"workerid": "gw0", "testrunuid": run}), "cuda") for run in ("a", "b")]
+    assert own[0].lock._lock != own[1].lock._lock and all(own)
+    monkeypatch.setenv(device_share.SHARED_DIR, str(tmp_path))
+    shared = [device_share.for_worker(_Config({"workerid": "gw0", "testrunuid": run}), "cuda") for run in ("a", "b")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu0.lock", "gpu0.turnstile"]
+    with shared[0].lock.held(alone=True):  # the other run cannot take the device meanwhile
+        other = os.open(tmp_path / "gpu0.lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.close(other)
+    for share in own + shared:
+        share.lock.close()

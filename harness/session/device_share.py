@@ -21,6 +21,9 @@ import pytest
 from harness.session import machine
 
 MARKER = "alone_on_device"
+# Two runs on one GPU at once (two lanes of one device call) share their locks where both name the
+# same directory here; by default each run has its own.
+SHARED_DIR = "CUDAGRAPH_DEVICE_SHARE_DIR"
 MARKER_HELP = (f"{MARKER}: the test measures the whole device (its free memory); under xdist no other "
                "worker's test runs on its GPU meanwhile (harness/session/device_share.py)")
 
@@ -72,5 +75,6 @@ def for_worker(config, graph_backend: str | None) -> DeviceShare | None:
     if workerinput is None or graph_backend != "cuda":
         return None
     device = machine.worker_device(int(workerinput["workerid"].lstrip("gw")))
-    directory = Path(tempfile.gettempdir()) / f"cudagraph-conformance-{workerinput['testrunuid']}"
+    directory = Path(os.environ.get(SHARED_DIR) or
+                     Path(tempfile.gettempdir()) / f"cudagraph-conformance-{workerinput['testrunuid']}")
     return DeviceShare(DeviceLock(directory, device))
