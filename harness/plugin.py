@@ -25,7 +25,7 @@ from harness.session import (anchor_helper, caches, device_share, header, known_
                              process_exit, scheduling)
 from harness.session.hypothesis_profiles import default_profile, register_profiles
 from harness.session.stash import CONFORMANCE, conformance_of
-from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES
+from harness.vocabulary import GRAPH_BACKENDS, PADDING_FILLS, VLLM_RELEASES, parse_rules
 
 register_profiles()
 
@@ -276,7 +276,8 @@ def vllm_rules_skip(item, runtime) -> str | None:
             return (f"runtime {runtime.name!r} declares vLLM {caps.vllm_release}'s policy; this case asks about an "
                     f"input only vLLM {', '.join(marker.args)} has")
     params = getattr(getattr(item, "callspec", None), "params", {})
-    runners = {value.vllm_runner for value in params.values() if isinstance(value, PolicyConfig)}
+    # A config that names no runner is asked in one the runtime's rules follow (expected.vllm_rules).
+    runners = {parse_rules(value.rules).runner for value in params.values() if isinstance(value, PolicyConfig)} - {None}
     runners |= {marker.args[0] for marker in item.iter_markers("vllm_runner")}
     modelled = caps.vllm_runners
     if runners <= set(modelled):

@@ -22,8 +22,9 @@ PRECISIONS = ("ieee", "tf32", "bfloat16", "float16")
 
 # vLLM releases whose graph policy the harness models (Capabilities.rules "vllm-RELEASE"): for each, the
 # model runners whose rules it knows and whether it knows its data-parallel agreement. 0.33 is the
-# spec (docs/spec.md sections 3-5, docs/runners.md); 0.25 is its V2 runner where it differs
-# (docs/spec.md section 11, from each release's own code: reports/policy-compare/vllm-0.25-vs-0.33.md).
+# spec (docs/spec.md sections 3-5, docs/runners.md); 0.25 is its V2 and V1 runners where they differ
+# (docs/spec.md section 11, from each release's own code: reports/policy-compare/vllm-0.25-vs-0.33.md,
+# reports/policy-compare/vllm-0.25-v1-vs-oracle.md).
 @dataclass(frozen=True)
 class VllmRelease:
     runners: tuple[str, ...]
@@ -31,7 +32,7 @@ class VllmRelease:
 
 
 SPEC_RELEASE = "0.33"
-VLLM_RELEASES = {"0.33": VllmRelease(("v1", "v2"), data_parallel=True), "0.25": VllmRelease(("v2",), data_parallel=False)}
+VLLM_RELEASES = {"0.33": VllmRelease(("v1", "v2"), data_parallel=True), "0.25": VllmRelease(("v2", "v1"), data_parallel=False)}
 
 
 # -- rules names: whose policy a runtime follows (Capabilities.rules, PolicyConfig.rules) ------

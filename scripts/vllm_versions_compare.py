@@ -10,6 +10,15 @@ through `vllm-engine-policy` (the code the `vllm-engine` runtime answers with, V
 default too), each in a process of its own. Every answer that differs is put under the first rule
 below whose question it is (RULES: what differs, and where in each release's code); an answer no rule
 explains is listed as such. Writes vllm-0.25-vs-0.33.md (the table) and .json (every difference).
+
+    /tmp/vllm-versions/venv/bin/python scripts/vllm_versions_compare.py --oracle vllm-0.25/v1 \\
+        --vllm025 /tmp/vllm-versions/vllm-0.25 --out reports/policy-compare
+
+asks the same questions of one
+release's runner through its policy runtime (ORACLE_RUNTIMES: vLLM 0.25's V1 runner, its own
+CudagraphDispatcher) and of the harness's oracle under those rules (harness.expectations.oracle,
+harness.vocabulary.expected_resolution), and writes vllm-0.25-v1-vs-oracle.md and .json: every
+answer that differs, none expected (exit 1 where one does).
 """
 from __future__ import annotations
 
@@ -33,6 +42,10 @@ from harness.vocabulary import CONFIG_MODES, FAP, SUPPORT_LEVELS  # noqa: E402
 PATHS = [ROOT, ROOT / "plugins" / "vllm-engine", ROOT / "plugins" / "vllm-policy"]
 RUNTIMES = {"0.25": "cudagraph_vllm_engine.runtime:VllmEnginePolicyRuntime",
             "0.33": "cudagraph_vllm_policy.runtime:VllmPolicyRuntime"}
+# One release's runner answered by its own code, to hold the oracle's model of it to (--oracle).
+ORACLE_RUNTIMES = {"vllm-0.25/v1": "cudagraph_vllm_engine.v1_runtime:VllmEngineV1PolicyRuntime"}
+# The rules next to each, whose oracle must disagree with the same answers (the comparison can fail).
+NEIGHBOURS = {"vllm-0.25/v1": ("vllm-0.33/v1", "vllm-0.25/v2")}
 GRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE")
 
 
@@ -232,19 +245,93 @@ def _short(value) -> str:
     return str(value).replace("|", "/")
 
 
+# -- one runner's own code against the oracle (--oracle) --------------------------------------------
+def oracle_answer_all(rules: str) -> dict:
+    """The oracle's answers to questions(), every question asked under `rules`."""
+    from dataclasses import replace
+
+    from harness.expectations import oracle
+    from harness.vocabulary import expected_resolution, parse_rules
+
+    release = parse_rules(rules).release
+
+    def resolved(request: ResolveRequest):
+        cell = expected_resolution(request.mode, request.support, request.num_speculative_tokens,
+                                   request.attention_in_splitting_ops, request.splitting_ops_empty, vllm_version=release)
+        if cell.error:
+            raise ValueError("the spec's cell is an error")
+        return cell
+
+    asked = questions()
+    answers = {"version": f"harness oracle, rules {rules}", "sizes": {}, "dispatch": {}, "lora": {}, "resolve": {}}
+    for key, config in asked["sizes"].items():
+        answers["sizes"][key] = _answer(lambda: oracle.capture_sizes(replace(config, rules=rules)))
+    for key, (config, tokens, reqs, uniform) in asked["dispatch"].items():
+        answers["dispatch"][key] = _answer(lambda: oracle.dispatch(replace(config, rules=rules), tokens, reqs, uniform))
+    for key, (config, tokens, reqs, uniform, active) in asked["lora"].items():
+        answers["lora"][key] = _answer(lambda: oracle.dispatch(replace(config, rules=rules), tokens, reqs, uniform,
+                                                               num_active_loras=active))
+    for key, request in asked["resolve"].items():
+        answers["resolve"][key] = _answer(lambda: resolved(request))
+    return answers
+
+
+def compare_with_oracle(own: dict, modelled: dict) -> dict:
+    asked = questions()
+    found: dict[str, list] = {}
+    for kind, keyed in asked.items():
+        for key, question in keyed.items():
+            if own[kind][key] != modelled[kind][key]:
+                found.setdefault(kind, []).append((_compact(question), own[kind][key], modelled[kind][key]))
+    return {"asked": {kind: len(keyed) for kind, keyed in asked.items()}, "differences": found}
+
+
+def write_oracle(out: Path, rules: str, own: dict, result: dict, command: str, neighbours: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    differences, asked = result["differences"], result["asked"]
+    stem = f"{rules.replace('/', '-')}-vs-oracle"
+    lines = [f"# {rules}: vLLM's own code beside the harness's oracle", "",
+             f"Written by `{command}` (scripts/vllm_versions_compare.py). The same questions asked of "
+             f"`{ORACLE_RUNTIMES[rules]}` ({own['version']}: vLLM's own code on the CPU) and of the harness's "
+             f"oracle under rules `{rules}` (`harness.expectations.oracle`, resolution: "
+             "`harness.vocabulary.expected_resolution`; written from docs/spec.md section 11, not from vLLM).", "",
+             "| kind | questions | answers that differ |", "|---|---|---|"]
+    lines += [f"| {kind} | {n} | {len(differences.get(kind, []))} |" for kind, n in asked.items()]
+    lines += ["", f"Questions asked: {sum(asked.values())}; answers that differ: "
+              f"{sum(len(v) for v in differences.values())}.", "",
+              "The comparison can fail: the same answers of vLLM's code against the oracle under the rules next to "
+              "these differ in " + "; ".join(
+                  f"{sum(len(v) for v in found.values())} (`{name}`: "
+                  + ", ".join(f"{len(v)} {kind}" for kind, v in found.items()) + ")"
+                  for name, found in neighbours.items()) + ".", ""]
+    for kind, found in differences.items():
+        lines += [f"## {kind}: first differences (question -> vLLM / oracle)", ""]
+        lines += [f"- `{_short(q)}` -> `{_short(a)}` / `{_short(b)}`" for q, a, b in found[:20]] + [""]
+    (out / f"{stem}.md").write_text("\n".join(lines))
+    (out / f"{stem}.json").write_text(json.dumps(
+        {"rules": rules, "vllm": own["version"], "asked": asked,
+         "neighbours": {name: {kind: len(v) for kind, v in found.items()} for name, found in neighbours.items()},
+         "differences": {k: {"count": len(v), "first": [{"question": q, "vllm": a, "oracle": b} for q, a, b in v[:40]]}
+                         for k, v in differences.items()}}, indent=1))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm025", help="a folder holding vLLM 0.25's `vllm` package (put before the installed one)")
     parser.add_argument("--vllm033", default="", help="a folder holding vLLM 0.33's; default: the installed vLLM")
     parser.add_argument("--out", default="reports/policy-compare")
-    parser.add_argument("--answer", choices=sorted(RUNTIMES), help=argparse.SUPPRESS)  # one release, in its process
+    parser.add_argument("--oracle", choices=sorted(ORACLE_RUNTIMES),
+                        help="compare this release's runner (its own code) with the oracle, not two releases")
+    parser.add_argument("--answer", choices=sorted(RUNTIMES) + sorted(ORACLE_RUNTIMES), help=argparse.SUPPRESS)
     parser.add_argument("--to", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.answer:
-        Path(args.to).write_text(json.dumps(answer_all(RUNTIMES[args.answer])))
+        Path(args.to).write_text(json.dumps(answer_all({**RUNTIMES, **ORACLE_RUNTIMES}[args.answer])))
         return 0
     if not args.vllm025:
         parser.error("--vllm025 is required: a folder with vLLM 0.25's vllm package (scripts/setup_vllm_versions.sh)")
+    if args.oracle:
+        return oracle_main(args)
     answers = {}
     with tempfile.TemporaryDirectory() as scratch:
         for version, folder in (("0.25", args.vllm025), ("0.33", args.vllm033)):
@@ -261,6 +348,22 @@ def main(argv=None) -> int:
     write(Path(args.out), answers["0.25"], answers["0.33"], result, command)
     print(Path(args.out) / "vllm-0.25-vs-0.33.md")
     return 1 if UNEXPLAINED in result["differences"] else 0
+
+
+def oracle_main(args) -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        start, to = time.perf_counter(), Path(scratch) / "own.json"
+        path = os.pathsep.join(filter(None, [args.vllm025, *map(str, PATHS), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, __file__, "--answer", args.oracle, "--to", str(to)], check=True,
+                       env={**os.environ, "PYTHONPATH": path})
+        own = json.loads(to.read_text())
+        print(f"{args.oracle}: {own['version']} answered in {time.perf_counter() - start:.0f}s", file=sys.stderr)
+    result = compare_with_oracle(own, oracle_answer_all(args.oracle))
+    command = f"python scripts/vllm_versions_compare.py --oracle {args.oracle} --vllm025 VLLM_0_25_FOLDER --out {args.out}"
+    neighbours = {name: compare_with_oracle(own, oracle_answer_all(name))["differences"] for name in NEIGHBOURS[args.oracle]}
+    write_oracle(Path(args.out), args.oracle, own, result, command, neighbours)
+    print(Path(args.out) / f"{args.oracle.replace('/', '-')}-vs-oracle.md")
+    return 1 if result["differences"] else 0
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
   every drawn config against the harness's independent oracle. Where vLLM's V1 and V2 model
   runners differ (q > 1 with FULL decode graphs) each case names the runner it holds an engine
   to; the others hold for both. A runtime declaring vLLM 0.25's rules (Capabilities.rules)
-  is asked in its release and held to the spec's 0.25 values where they differ (docs/spec.md
-  section 11, `*_0_25` below).
+  is asked in its release and runner and held to the spec's 0.25 values where they differ
+  (docs/spec.md section 11, `*_0_25` below; "0.25/v1": its V1 runner's).
 - Any runtime with a bucket policy (`capture_sizes`): sizes are sorted, unique, positive and fit
   the token budget; mode NONE has none; an ordinary config is answered, not rejected.
 """
@@ -47,14 +47,17 @@ SPEC_COUNTS = [
 
 # vLLM 0.25 (docs/spec.md section 11): no decode sizes appended, and a cap of 512 on any device.
 SPEC_COUNTS_0_25 = {"seqs264-offgrid": (51, 512), "seqs100-offgrid": (28, 200), "cap1024": (51, 512),
-                    "D1024-seqs264": (51, 512), "D1024-seqs300": (51, 512), "v2-q3-full": (51, 512)}
+                    "D1024-seqs264": (51, 512), "D1024-seqs300": (51, 512), "v2-q3-full": (51, 512),
+                    # V1 rounds 0.25's grid alone to multiples of q: 1 and 2 become 3, 512 becomes 513, over the cap.
+                    "0.25/v1": {"v1-q3-full": (49, 498)}}
 
 
 @pytest.mark.requires("capture_sizes", "vllm_rules")
 @pytest.mark.parametrize("case,config,count,largest", SPEC_COUNTS, ids=[c[0] for c in SPEC_COUNTS])
 def test_spec_counts(check, runtime, case, config, count, largest):
     config = vllm_rules(runtime, config)
-    count, largest = by_release(runtime, (count, largest), {"0.25": SPEC_COUNTS_0_25.get(case)})
+    count, largest = by_release(runtime, (count, largest), {"0.25": SPEC_COUNTS_0_25.get(case),
+                                                            "0.25/v1": SPEC_COUNTS_0_25["0.25/v1"].get(case)}, config)
     sizes = runtime.capture_sizes(config)
     check.equal(len(sizes), count, what="number of capture sizes", source=SPEC, case=config)
     check.equal(sizes[-1], largest, what="max capture size", source=SPEC, case=config)
@@ -86,7 +89,7 @@ SPEC_EXAMPLES_0_25 = {"seqs3": [1, 2, 4]}  # cap 6, and no off-grid append
 @pytest.mark.parametrize("case,config,expected", SPEC_EXAMPLES, ids=[c[0] for c in SPEC_EXAMPLES])
 def test_spec_examples(check, runtime, case, config, expected):
     config = vllm_rules(runtime, config)
-    expected = by_release(runtime, expected, {"0.25": SPEC_EXAMPLES_0_25.get(case)})
+    expected = by_release(runtime, expected, {"0.25": SPEC_EXAMPLES_0_25.get(case)}, config)
     check.equal(runtime.capture_sizes(config), expected, what="capture sizes", source=SPEC, case=config)
 
 
@@ -150,6 +153,7 @@ def test_sizes_are_sorted_unique_positive_and_fit_the_token_budget(check, runtim
 @pytest.mark.vllm_runner("v1")
 @given(config=policy_configs(modes=("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), runners=("v1",)))
 def test_v1_full_decode_sizes_hold_whole_requests(check, runtime, config):
+    config = vllm_rules(runtime, config)
     assume(not isinstance(_answer(lambda: oracle.capture_sizes(config)), str))
     sizes = runtime.capture_sizes(config)
     q = config.query_len

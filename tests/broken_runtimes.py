@@ -10,6 +10,8 @@ import bisect
 from dataclasses import replace
 
 from harness import protocol as p
+from harness.expectations import oracle
+from harness.vocabulary import padded
 from reference_runtime.adapter import ReferenceRuntime
 
 
@@ -283,6 +285,34 @@ class DeclaresVllm025AnswersVllm033(ReferenceRuntime):
     capabilities = replace(ReferenceRuntime.capabilities, rules="vllm-0.25", data_parallel=False)
 
 
+class DeclaresVllm025V1AnswersVllm033V1(ReferenceRuntime):
+    """Declares vLLM 0.25's V1 runner (Capabilities.rules "vllm-0.25/v1") and answers with 0.33's V1
+    rules: decode sizes appended before V1 rounds the sizes to whole requests (q = 3, max_num_seqs
+    256: 56 sizes up to 504, where 0.25's V1 has 49 up to 498), the off-grid max_num_seqs appended."""
+
+    name = "declares-vllm-0.25-v1-answers-0.33"
+    capabilities = replace(ReferenceRuntime.capabilities, rules="vllm-0.25/v1", data_parallel=False)
+
+
+class DeclaresVllm025V1AnswersV2(ReferenceRuntime):
+    """Declares vLLM 0.25's V1 runner and answers with 0.25's V2 rules (the harness's model of them):
+    sizes not rounded to whole requests (q = 2: 51 sizes, where V1 has 50), an eager step keyed by
+    its request count too, one key search across both modes."""
+
+    name = "declares-vllm-0.25-v1-answers-v2"
+    capabilities = replace(ReferenceRuntime.capabilities, rules="vllm-0.25/v1", data_parallel=False)
+    V2 = "vllm-0.25/v2"
+
+    def capture_sizes(self, config):
+        return oracle.capture_sizes(replace(config, rules=self.V2))
+
+    def padded_size(self, config, num_real_tokens):
+        return padded(self.capture_sizes(config), num_real_tokens)
+
+    def dispatch(self, config, num_real_tokens, num_real_rows=None, uniform=False, num_active_loras=0):
+        return oracle.dispatch(replace(config, rules=self.V2), num_real_tokens, num_real_rows, uniform, num_active_loras)
+
+
 class V2DecodeKeysPastTheMax(ReferenceRuntime):
     """vLLM's V2 runner rounds its uniform-decode sizes up to whole requests and keeps those within
     q x max_num_seqs and its largest size; this one forgets the largest size. Where the token budget
@@ -306,4 +336,5 @@ MUTANTS = [
     RejectsEveryConfig, KeyIsTokensPlusThree, MixedBatchRunsDecodeGraph, PaddingNotMonotone,
     V2RoundsSizes, V2ExactKeyDispatch, V2DataParallelSharesPaddedSizes, IgnoresAdapters,
     VagueRejection, DeclaresVllm025AnswersVllm033, V2DecodeKeysPastTheMax, GridGapsAbove256,
+    DeclaresVllm025V1AnswersVllm033V1, DeclaresVllm025V1AnswersV2,
 ]

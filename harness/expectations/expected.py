@@ -31,11 +31,16 @@ def vllm_rules(runtime, config: PolicyConfig) -> PolicyConfig:
     return replace(config, rules=rules_name("vllm", release, runner))
 
 
-def by_release(runtime, spec_value, per_release: dict | None = None):
+def by_release(runtime, spec_value, per_release: dict | None = None, config: PolicyConfig | None = None):
     """A spec value written for vLLM 0.33, or the one the spec gives the runtime's declared release
-    where that release differs (docs/spec.md section 11)."""
+    where that release differs (docs/spec.md section 11). Given the case's config (as vllm_rules
+    answers it), a value under "RELEASE/RUNNER" ("0.25/v1") is that runner's, before the release's."""
     release = runtime.capabilities.vllm_release
-    value = None if release == SPEC_RELEASE else (per_release or {}).get(release)
+    if release == SPEC_RELEASE:
+        return spec_value
+    values = per_release or {}
+    value = values.get(f"{release}/{config.vllm_runner}") if config is not None else None
+    value = values.get(release) if value is None else value
     return spec_value if value is None else value
 
 

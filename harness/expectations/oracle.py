@@ -7,7 +7,10 @@ search of those sets, and resolution is the spec table as data (in harness.vocab
 runtime and an oracle disagree, one of them is wrong; the policy suites say which number the
 spec asks for. `PolicyConfig.rules` ("vllm-0.33/v2") picks vLLM's release and its V1 or V2 model runner rules
 (`vllm_release`, `vllm_runner`): 0.33 is the spec; 0.25's V2 runner differs in three rules
-(docs/spec.md section 11), each marked `OLD` below.
+(docs/spec.md section 11), each marked `OLD` below. 0.25's V1 runner shares the two that are its
+sizes (no decode sizes appended, the 512 cap), then rounds them to whole requests and keys and
+dispatches them as 0.33's V1 does (its CudagraphDispatcher is 0.33's); under dynamic speculative
+decoding its FULL graphs give way to PIECEWISE (`dynamic_sd_mode`).
 """
 from __future__ import annotations
 
@@ -102,8 +105,22 @@ def graph_keys(config: PolicyConfig, decode_query_lens: tuple[int, ...] | None =
     """Every key each runtime mode should hold: {"FULL": {...}, "PIECEWISE": {...}}.
 
     decode_query_lens: the q of every uniform-decode graph where there are several (vLLM 0.25's
-    dynamic speculative decoding: `speculative_decode_query_lens`); None is the config's one q."""
+    dynamic speculative decoding: `speculative_decode_query_lens`); None is the config's one q.
+    Under 0.25's V1 runner they leave no decode graph: the mode is `dynamic_sd_mode`'s."""
+    if decode_query_lens is not None and config.vllm_runner == "v1":
+        config, decode_query_lens = replace(config, mode=dynamic_sd_mode(config)), None
     return {mode: set(keys) for mode, keys in _graph_keys(config, decode_query_lens).items()}
+
+
+def dynamic_sd_mode(config: PolicyConfig) -> str:
+    """The config mode vLLM 0.25 keeps under dynamic speculative decoding: its V1 runner turns every
+    mode with FULL graphs into PIECEWISE (docs/spec.md section 11); its V2 runner keeps the mode.
+    ValueError for 0.33's V1 runner, whose dynamic speculative decoding is not modelled."""
+    if config.vllm_runner == "v2":
+        return config.mode
+    if config.vllm_release != OLD:
+        raise ValueError("decode graphs of several q are modelled for vLLM 0.25's V1 runner and the V2 runner only")
+    return "PIECEWISE" if config.mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else config.mode
 
 
 def speculative_decode_query_lens(schedule, new_tokens_per_step: int = 1) -> tuple[int, ...]:
@@ -162,11 +179,11 @@ def dispatch(config: PolicyConfig, num_real_tokens: int, num_real_rows: int | No
              num_active_loras: int = 0, allowed: frozenset[str] = frozenset(RUNTIME_MODES),
              decode_query_lens: tuple[int, ...] | None = None) -> Dispatch:
     """spec section 4: above the max or under NONE run eager unpadded; else exact FULL key, relaxed PIECEWISE key, NONE.
-    decode_query_lens (V2 only): as graph_keys takes it."""
+    decode_query_lens: as graph_keys takes it (0.25's V1 runner: the mode `dynamic_sd_mode` keeps)."""
     if config.vllm_runner == "v2":
         return dispatch_v2(config, num_real_tokens, num_real_rows, uniform, num_active_loras, decode_query_lens)
     if decode_query_lens is not None:
-        raise ValueError("decode graphs of several q are modelled for the V2 runner only")
+        config, decode_query_lens = replace(config, mode=dynamic_sd_mode(config)), None
     eager = Dispatch("NONE", Descriptor(num_real_tokens))  # eager steps are not keyed: only the size counts
     if config.mode == "NONE":
         return eager

@@ -3,9 +3,9 @@ gpu_model_runner.py) and that runner's CudagraphDispatcher, one GPU, in this pro
 
 - Policy: vLLM's own code for the V1 runner (v1_policy.py): resolution with
   use_v2_model_runner=False, the keys of a CudagraphDispatcher on the same VllmConfig, its dispatch.
-  Not declared as following vLLM's rules (`Capabilities.rules`): the harness models vLLM 0.25's V2 runner only
-  (harness.vocabulary.VLLM_RELEASES), so the spec's 0.25 values would be V2's. The suites hold this
-  runtime to its own answers, checked against what its engine does at every build and step.
+  Declared as vLLM 0.25's V1 rules (`Capabilities.rules` "vllm-0.25/v1"): the policy suites hold it
+  to the spec's 0.25 V1 values and the oracle (docs/spec.md section 11), and every build and step to
+  the same. `vllm-engine-v1-policy` gives the same answers on any machine (without_gpu.py).
 - Execution: a real engine (v1_engine.py); the mode and padded size of every step read from the
   dispatcher's answer and the forward context the forward ran under; ngram verify steps with the
   drafts this runtime schedules.
@@ -23,8 +23,10 @@ from pathlib import Path
 from harness import protocol as p
 
 from . import __version__, settings
-from .runtime import PRECISION_WHY, VllmEngineRuntime, precision
+from .runtime import KNOWN_FAILURES as POLICY_KNOWN_FAILURES
+from .runtime import PRECISION_WHY, VllmEngineRuntime, _Policy, precision
 from .v1_lora import LORA_DTYPES, lora_args
+from .policy import VERSION
 from .v1_policy import RUNNER_SWITCH
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures_v1.toml")
@@ -49,6 +51,40 @@ def force_v1_runner(environ=os.environ) -> None:
     environ[RUNNER_SWITCH] = "0"
 
 
+RULES = f"vllm-{VERSION}/v1"  # vLLM 0.25's V1 runner, as harness.vocabulary.VLLM_RELEASES models it
+
+
+class VllmEngineV1PolicyRuntime(_Policy):
+    """vLLM 0.25's V1 policy alone, on any machine where vLLM 0.25 imports: the answers `vllm-engine-v1`
+    gives, for the policy suites and for scripts/vllm_versions_compare.py --oracle."""
+
+    name = "vllm-engine-v1-policy"
+    known_failures = str(POLICY_KNOWN_FAILURES)  # the config's silent downgrades: VllmConfig's, either runner
+
+    def __init__(self):
+        settings.apply_environment()
+        force_v1_runner()
+        import torch
+        import vllm
+
+        from .policy import check_version
+        from .v1_policy import VllmV1Policy
+
+        check_version(vllm.__version__)
+        if not torch.cuda.is_available():
+            from .without_gpu import stand_in_for_an_h200
+
+            stand_in_for_an_h200()
+        self.policy = VllmV1Policy()
+        with settings.process_state_restored():
+            self.policy.answer(p.PolicyConfig(rules=RULES))
+        self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner, policy only)"
+        self.capabilities = p.Capabilities(
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, speculative=True,
+            notes=f"vLLM {vllm.__version__}'s own policy code (v1_policy.py) for its V1 model runner: "
+                  "CudagraphDispatcher's keys and dispatch, resolution with use_v2_model_runner=False")
+
+
 class VllmEngineV1Runtime(VllmEngineRuntime):
     name = "vllm-engine-v1"
     known_failures = str(KNOWN_FAILURES)
@@ -62,17 +98,17 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
             raise p.RuntimeUnavailable("vllm-engine-v1 runs vLLM on a CUDA GPU, and torch sees none here")
         import vllm
 
-        from .policy import VERSION, check_version
+        from .policy import check_version
         from .v1_policy import VllmV1Policy
 
         check_version(vllm.__version__)
         self.policy = VllmV1Policy()
         with settings.process_state_restored():
-            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v1"))
+            self.policy.answer(p.PolicyConfig(rules=RULES))
         self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic, declarations={"lora_dtypes": LORA_DTYPES},

@@ -239,3 +239,27 @@ def test_v1_keys_and_answers_are_read_off_vllms_dispatcher_not_rewritten():
                                                  Mode.PIECEWISE: {Desc(16)}, Mode.NONE: set()})
     assert v1_graph_keys(dispatcher) == {"FULL": ((4, 4, True, 0), (8, 8, True, 0)), "PIECEWISE": ((16, 0, False, 0),)}
     assert as_dispatch(Mode.FULL, Desc(8, 8, True, True, 1)) == p.Dispatch("FULL", p.Descriptor(8, 8, True, True, 1))
+
+
+def test_both_v1_runtimes_declare_vllm_025s_v1_rules_and_the_policy_one_is_registered():
+    import tomllib
+    from pathlib import Path
+
+    from harness.protocol import Capabilities
+
+    from cudagraph_vllm_engine import v1_runtime
+
+    caps = Capabilities(rules=v1_runtime.RULES)
+    assert (caps.vllm_release, caps.vllm_runners) == ("0.25", ("v1",))
+    project = tomllib.loads((Path(v1_runtime.__file__).parents[1] / "pyproject.toml").read_text())
+    registered = project["project"]["entry-points"]["cudagraph_conformance.runtimes"]
+    assert registered["vllm-engine-v1-policy"] == "cudagraph_vllm_engine.v1_runtime:VllmEngineV1PolicyRuntime"
+    assert v1_runtime.VllmEngineV1PolicyRuntime.name == "vllm-engine-v1-policy"
+
+
+def test_the_v1_policy_runtime_sets_the_runner_switch_before_vllm_is_imported(monkeypatch):
+    from cudagraph_vllm_engine.v1_runtime import VllmEngineV1PolicyRuntime
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(p.RuntimeUnavailable, match="asks for V2"):
+        VllmEngineV1PolicyRuntime()
