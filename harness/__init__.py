@@ -2,4 +2,4 @@
 
 # The project's version, read by pyproject.toml (the wheel), the report (harness_version) and
 # known-failures files that name the harness versions they were written for.
-__version__ = "0.4.0"
+__version__ = "0.5.0"

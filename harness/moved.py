@@ -78,7 +78,7 @@ def header_lines() -> list[str]:
 # Fields and keywords of the protocol's dataclasses renamed after 0.3.0 (one name per size: real and
 # padded counts named as such). Each old name stays a read-only alias and a constructor keyword,
 # both warning with the new name, until NAMES_REMOVED_IN.
-NAMES_REMOVED_IN = "0.5.0"
+NAMES_REMOVED_IN = "0.6.0"
 RENAMED: dict[str, str] = {}  # "Class.old" -> "Class.new", for the docs' and the changelog's test
 # Names replaced by a value of another shape (harness/protocol.py converts each): "Class.old" -> "Class.new".
 REPLACED: dict[str, str] = {}
