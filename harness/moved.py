@@ -106,6 +106,22 @@ def names_moved(old_module: str, new_module: str, names: tuple[str, ...], since:
     return __getattr__
 
 
+# A plugin's modules that moved to another package (0.5.0: vLLM's V1 runtime into a plugin of its own):
+# old module -> (new module, the release that moved it). Each old path is a shim calling `module_moved`.
+MODULES_MOVED: dict[str, tuple[str, str]] = {}
+
+
+def module_moved(old: str, new: str, since: str):
+    """Make the module `old` (being imported now) the module `new`, with a DeprecationWarning naming it,
+    until NAMES_REMOVED_IN; returns the new module."""
+    MODULES_MOVED[old] = (new, since)
+    warnings.warn(f"{old} moved to {new} in {since}; import {new} instead ({old} may be removed in "
+                  f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=3)
+    module = importlib.import_module(new)
+    sys.modules[old] = module
+    return module
+
+
 def name_message(owner: str, old: str, new: str) -> str:
     return (f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
             f"{NAMES_REMOVED_IN}; see CHANGELOG.md)")

@@ -10,10 +10,10 @@
 #   bash scripts/install.sh && bash scripts/setup_vllm_versions.sh /tmp/vllm-versions
 #   /tmp/vllm-versions/venv/bin/python scripts/vllm_versions_compare.py --vllm025 /tmp/vllm-versions/vllm-0.25 \
 #       --vllm033 /tmp/vllm-versions/vllm-0.33 --out reports/policy-compare
-#   PYTHONPATH=/tmp/vllm-versions/vllm-0.25:.:plugins/vllm-engine /tmp/vllm-versions/venv/bin/python -m pytest \
+#   PYTHONPATH=/tmp/vllm-versions/vllm-0.25:.:plugins/vllm-engine:plugins/vllm-engine-v1 /tmp/vllm-versions/venv/bin/python -m pytest \
 #       suites/test_capture_sizes.py suites/test_padding.py suites/test_dispatch.py suites/test_mode_resolution.py \
 #       --runtime cudagraph_vllm_engine.runtime:VllmEnginePolicyRuntime --report-dir reports/vllm-engine-policy
-#   (the same with cudagraph_vllm_engine.v1_runtime:VllmEngineV1PolicyRuntime: 0.25's V1 runner), and
+#   (the same with cudagraph_vllm_engine_v1.runtime:VllmEngineV1PolicyRuntime: 0.25's V1 runner), and
 #   /tmp/vllm-versions/venv/bin/python scripts/vllm_versions_compare.py --oracle vllm-0.25/v1 \
 #       --vllm025 /tmp/vllm-versions/vllm-0.25 --out reports/policy-compare
 #

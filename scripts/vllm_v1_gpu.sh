@@ -24,7 +24,7 @@ say() { echo "$(date +%H:%M:%S) [+$(( $(date +%s) - start ))s, $(left)s left] $*
 cap() { local a=$1 b=$2; b=$(( b < 30 ? 30 : b )); echo $(( a < b ? a : b )); }
 scratch=$(mktemp -d)
 
-export PYTHONPATH="/tmp/site:$PWD:$PWD/plugins/vllm-engine${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="/tmp/site:$PWD:$PWD/plugins/vllm-engine:$PWD/plugins/vllm-engine-v1${PYTHONPATH:+:$PYTHONPATH}"
 export CUDAGRAPH_VLLM_EVENTS="$out/events.log" PYTHONUNBUFFERED=1 VLLM_USE_V2_MODEL_RUNNER=0
 : > "$CUDAGRAPH_VLLM_EVENTS"
 : > "$out/run.log"
@@ -48,7 +48,7 @@ if [ $? -ne 0 ]; then
 fi
 
 say "== V1 smoke"
-timeout -s INT -k 15 "$(cap 150 $(( $(left) - 120 )))" python -m cudagraph_vllm_engine.v1_smoke > "$out/smoke.log" 2>&1
+timeout -s INT -k 15 "$(cap 150 $(( $(left) - 120 )))" python -m cudagraph_vllm_engine_v1.smoke > "$out/smoke.log" 2>&1
 smoke_status=$?
 grep "^SMOKE" "$out/smoke.log" | grep -E "summary|FAILED|verify|done|capture" | cut -c1-300 | tee -a "$out/run.log"
 [ "$smoke_status" -ne 0 ] && say "V1 smoke exited $smoke_status (124/130: stopped at its budget); the suites run anyway"
@@ -64,7 +64,7 @@ for path in suites/test_*.py; do
     case " ${paths[*]} " in *" $path "*) ;; *) paths+=("$path") ;; esac
 done
 VLLM_LOGGING_LEVEL=WARNING timeout -s INT -k 30 "$left_now" python -m pytest "${paths[@]}" \
-    --runtime cudagraph_vllm_engine.v1_runtime:VllmEngineV1Runtime --graph-backend cuda --preset small \
+    --runtime cudagraph_vllm_engine_v1.runtime:VllmEngineV1Runtime --graph-backend cuda --preset small \
     -n "$workers" -p no:cacheprovider --benchmark-skip --only-declared --report-dir "$scratch/suites" -q -rs \
     --tb=short --show-capture=no --test-timeout 150 > "$out/suites.log" 2>&1
 status=$?

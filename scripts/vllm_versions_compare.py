@@ -39,11 +39,11 @@ sys.path.insert(0, str(ROOT))
 from harness.protocol import PolicyConfig, ResolveRequest  # noqa: E402
 from harness.vocabulary import CONFIG_MODES, FAP, SUPPORT_LEVELS  # noqa: E402
 
-PATHS = [ROOT, ROOT / "plugins" / "vllm-engine", ROOT / "plugins" / "vllm-policy"]
+PATHS = [ROOT, ROOT / "plugins" / "vllm-engine", ROOT / "plugins" / "vllm-engine-v1", ROOT / "plugins" / "vllm-policy"]
 RUNTIMES = {"0.25": "cudagraph_vllm_engine.runtime:VllmEnginePolicyRuntime",
             "0.33": "cudagraph_vllm_policy.runtime:VllmPolicyRuntime"}
 # One release's runner answered by its own code, to hold the oracle's model of it to (--oracle).
-ORACLE_RUNTIMES = {"vllm-0.25/v1": "cudagraph_vllm_engine.v1_runtime:VllmEngineV1PolicyRuntime"}
+ORACLE_RUNTIMES = {"vllm-0.25/v1": "cudagraph_vllm_engine_v1.runtime:VllmEngineV1PolicyRuntime"}
 # The rules next to each, whose oracle must disagree with the same answers (the comparison can fail).
 NEIGHBOURS = {"vllm-0.25/v1": ("vllm-0.33/v1", "vllm-0.25/v2")}
 GRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE")

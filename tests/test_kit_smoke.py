@@ -100,7 +100,7 @@ def test_a_plugins_smoke_is_the_driver_with_its_runtime_defaults_options_and_sta
 
 
 @pytest.mark.parametrize("module, option", [("cudagraph_vllm_engine.smoke", "--modes"),
-                                            ("cudagraph_vllm_engine.v1_smoke", "--k"),
+                                            ("cudagraph_vllm_engine_v1.smoke", "--k"),
                                             ("cudagraph_lmdeploy_engine.smoke", "--presets")])
 def test_each_plugins_smoke_module_sets_its_environment_then_runs_the_one_driver(module, option, monkeypatch, capsys):
     import importlib

@@ -213,20 +213,6 @@ def written_once(folder: Path, marker: str, write) -> Path:
     except OSError:  # another process got there first; what it wrote is the same
         shutil.rmtree(staging, ignore_errors=True)
     return folder
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
-    seeded_model(name, seed).save_pretrained(staging, safe_serialization=True)
-    written = json.loads((staging / "config.json").read_text())
-    fields = config_fields(name)
-    written.update(rope_parameters=fields["rope_parameters"], **rope_4x(fields["rope_parameters"]))  # both releases' keys
-    (staging / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
-    try:
-        staging.rename(folder)
-    except OSError:  # another process got there first; theirs is the same weights
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
 
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).

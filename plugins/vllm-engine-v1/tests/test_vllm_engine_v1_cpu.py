@@ -15,12 +15,12 @@ torch = pytest.importorskip("torch")
 from harness import protocol as p  # noqa: E402
 from harness.protocol import Request  # noqa: E402
 
-from cudagraph_vllm_engine import ngram_stand_in  # noqa: E402
+from cudagraph_vllm_engine_v1 import ngram_stand_in  # noqa: E402
 from cudagraph_vllm_engine.engine import EngineError  # noqa: E402
 from cudagraph_vllm_engine.requests import Requests  # noqa: E402
-from cudagraph_vllm_engine.v1_engine import VllmV1Engine, verify_split  # noqa: E402
-from cudagraph_vllm_engine.v1_observer import V1StepObserver  # noqa: E402
-from cudagraph_vllm_engine.v1_runtime import force_v1_runner  # noqa: E402
+from cudagraph_vllm_engine_v1.engine import VllmV1Engine, verify_split  # noqa: E402
+from cudagraph_vllm_engine_v1.observer import V1StepObserver  # noqa: E402
+from cudagraph_vllm_engine_v1.runtime import force_v1_runner  # noqa: E402
 
 
 class Mode(enum.Enum):
@@ -164,7 +164,7 @@ def test_an_eager_step_replaces_the_dispatchers_answer_and_padding_fills_only_pa
 
 
 def test_a_forward_that_disagrees_with_its_descriptor_fails_loudly():
-    from cudagraph_vllm_engine.v1_observer import V1StepRecord
+    from cudagraph_vllm_engine_v1.observer import V1StepRecord
 
     with pytest.raises(EngineError, match="input ids"):
         VllmV1Engine._padded(V1StepRecord(ran=Desc(8), forward_tokens=5, forwards=1))
@@ -211,7 +211,7 @@ def test_the_runner_switch_is_set_to_v1_and_an_explicit_v2_is_refused():
 
 
 def test_the_runtime_refuses_to_start_without_a_gpu(monkeypatch):
-    from cudagraph_vllm_engine.v1_runtime import VllmEngineV1Runtime
+    from cudagraph_vllm_engine_v1.runtime import VllmEngineV1Runtime
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -222,7 +222,8 @@ def test_the_runtime_refuses_to_start_without_a_gpu(monkeypatch):
 def test_v1_has_its_own_known_failures_none_of_them_inherited_from_v2():
     from harness.session import known_failures
 
-    from cudagraph_vllm_engine import runtime, v1_runtime
+    from cudagraph_vllm_engine import runtime
+    from cudagraph_vllm_engine_v1 import runtime as v1_runtime
 
     assert v1_runtime.VllmEngineV1Runtime.known_failures != runtime.VllmEngineRuntime.known_failures
     entries = known_failures.load(v1_runtime.VllmEngineV1Runtime.known_failures)
@@ -233,7 +234,7 @@ def test_v1_has_its_own_known_failures_none_of_them_inherited_from_v2():
 
 
 def test_v1_keys_and_answers_are_read_off_vllms_dispatcher_not_rewritten():
-    from cudagraph_vllm_engine.v1_policy import as_dispatch, v1_graph_keys
+    from cudagraph_vllm_engine_v1.policy import as_dispatch, v1_graph_keys
 
     dispatcher = SimpleNamespace(cudagraph_keys={Mode.FULL: {Desc(8, 8, True), Desc(4, 4, True)},
                                                  Mode.PIECEWISE: {Desc(16)}, Mode.NONE: set()})
@@ -247,18 +248,18 @@ def test_both_v1_runtimes_declare_vllm_025s_v1_rules_and_the_policy_one_is_regis
 
     from harness.protocol import Capabilities
 
-    from cudagraph_vllm_engine import v1_runtime
+    from cudagraph_vllm_engine_v1 import runtime as v1_runtime
 
     caps = Capabilities(rules=v1_runtime.RULES)
     assert (caps.vllm_release, caps.vllm_runners) == ("0.25", ("v1",))
     project = tomllib.loads((Path(v1_runtime.__file__).parents[1] / "pyproject.toml").read_text())
     registered = project["project"]["entry-points"]["cudagraph_conformance.runtimes"]
-    assert registered["vllm-engine-v1-policy"] == "cudagraph_vllm_engine.v1_runtime:VllmEngineV1PolicyRuntime"
+    assert registered["vllm-engine-v1-policy"] == "cudagraph_vllm_engine_v1.runtime:VllmEngineV1PolicyRuntime"
     assert v1_runtime.VllmEngineV1PolicyRuntime.name == "vllm-engine-v1-policy"
 
 
 def test_the_v1_policy_runtime_sets_the_runner_switch_before_vllm_is_imported(monkeypatch):
-    from cudagraph_vllm_engine.v1_runtime import VllmEngineV1PolicyRuntime
+    from cudagraph_vllm_engine_v1.runtime import VllmEngineV1PolicyRuntime
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(p.RuntimeUnavailable, match="asks for V2"):

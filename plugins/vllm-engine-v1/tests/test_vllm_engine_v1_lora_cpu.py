@@ -16,8 +16,8 @@ from harness import protocol as p  # noqa: E402
 from harness.expectations import lora_adapters  # noqa: E402
 from harness.protocol import Request  # noqa: E402
 
-from cudagraph_vllm_engine import v1_lora  # noqa: E402
-from cudagraph_vllm_engine.v1_engine import VllmV1Engine  # noqa: E402
+from cudagraph_vllm_engine_v1 import lora as v1_lora  # noqa: E402
+from cudagraph_vllm_engine_v1.engine import VllmV1Engine  # noqa: E402
 
 from test_vllm_engine_v1_cpu import bare_engine, vllm_output_module  # noqa: E402,F401 (a fixture)
 
