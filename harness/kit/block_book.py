@@ -7,13 +7,23 @@ and gives each request the blocks its tokens need, taking them back if the step 
 `commit(placed)` records the KV the step wrote; `release(request_id)` frees a request's blocks.
 A runtime subclasses it for what its engine names differently: the record of a placed request
 (`placed`; `Placed` where the engine needs nothing more), the record of a live one (`new_live`),
-and the slot a position is written to.
+and, where it numbers them otherwise, the slot a position is written to.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from harness.protocol import KVCacheFull
+
+
+DEFAULT_KV_TOKENS = 4096  # the KV cache's size in tokens where EngineConfig.kv_tokens leaves it to the runtime
+
+
+def num_blocks_for(kv_tokens: int | None, block_size: int, max_seqs: int, reserved: int) -> int:
+    """A KV cache of a fixed number of blocks (the harness inspects every slot, so not what memory
+    leaves): the engine's reserved blocks, the blocks `kv_tokens` need, and one partly filled block
+    a request."""
+    return reserved + -(-(kv_tokens or DEFAULT_KV_TOKENS) // block_size) + max_seqs
 
 
 @dataclass
@@ -125,6 +135,16 @@ class BlockBook:
             self.free.extend(reversed(live.blocks))
         return live
 
+    def slot(self, request_id: int, position: int, kernel_block_size: int | None = None) -> int:
+        """The KV slot a position of a live request is written to: its blocks expanded to the attention
+        kernel's blocks where those are smaller (`kernel_block_size`, a divisor of `block_size`)."""
+        live = self.held(request_id, position)
+        kernel_block_size = kernel_block_size or self.block_size
+        per_block = self.block_size // kernel_block_size
+        kernel_block = position // kernel_block_size
+        block = live.blocks[kernel_block // per_block] * per_block + kernel_block % per_block
+        return block * kernel_block_size + position % kernel_block_size
+
     def held(self, request_id: int, position: int) -> Live:
         """The live request whose blocks hold `position`; ValueError where none does."""
         live = self.live.get(request_id)
@@ -138,5 +158,5 @@ class BlockBook:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "Live", "Placed", "BlockBook",
+    "Live", "Placed", "BlockBook", "num_blocks_for",
 ]

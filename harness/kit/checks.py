@@ -25,6 +25,18 @@ def check_mode(config: p.EngineConfig) -> None:
         raise ValueError(f"unknown config mode {config.policy.mode!r}; expected one of {', '.join(p.CONFIG_MODES)}")
 
 
+def check_built(engine, built: tuple, answered: tuple, label: str, engine_name: str, events) -> None:
+    """The built engine closed and refused where it resolved, sized and keyed its graphs (`built`)
+    other than its runtime's policy answers for its config (`answered`): the policy questions would
+    be answered for another engine. Both are (resolved mode, capture sizes, graph descriptors)."""
+    if built != answered:
+        events.event(f"{label}: BUILD CHECK FAILED: engine {built}; policy {answered}")
+        engine.close()
+        raise RuntimeError(f"{label}: {engine_name}'s engine resolved {built[0]}, capture sizes {built[1]}, graphs "
+                           f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
+                           "for the same config: the policy questions would be answered for another engine")
+
+
 def require_cuda(runtime: str, what: str) -> None:
     """RuntimeUnavailable (the harness shows why, and skips) where torch sees no CUDA GPU."""
     import torch
@@ -35,5 +47,5 @@ def require_cuda(runtime: str, what: str) -> None:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "check_one_gpu_config", "check_mode", "require_cuda",
+    "check_one_gpu_config", "check_mode", "require_cuda", "check_built",
 ]

@@ -40,6 +40,32 @@ class EventLog:
             raise
         self.event(f"{what}: {time.perf_counter() - start:.1f}s")
 
+    def trace_calls(self, owner, name: str, variable: str, label: str, describe) -> bool:
+        """An opt-in probe: where the environment variable `variable` names part of a test id, wrap
+        `owner.name` (once) so that every call made during such a test is one event, `label`, the test
+        and `describe(*args, **kwargs)`'s line. Off, and nothing wrapped, where the variable is unset.
+        A probe must not change the run it watches: a `describe` that raises is a "not traced" line."""
+        wanted = os.environ.get(variable)
+        if not wanted:
+            return False
+        original = getattr(owner, name)
+        if getattr(original, "traced", False):
+            return True
+
+        def traced(*args, **kwargs):
+            test = os.environ.get("PYTEST_CURRENT_TEST", "")
+            if wanted in test:
+                try:
+                    line = describe(*args, **kwargs)
+                except Exception as error:
+                    line = f"not traced: {error!r}"
+                self.event(f"{label} {test.split(' ')[0]} {line}")
+            return original(*args, **kwargs)
+
+        traced.traced = True
+        setattr(owner, name, traced)
+        return True
+
 
 class _Collected(logging.Handler):
     def __init__(self, word: str):

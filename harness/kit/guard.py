@@ -4,6 +4,7 @@ it; a runtime, not its engine, owns that promise. Engines set environment variab
 library paths) and draw from torch's global CPU and CUDA generators."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from contextlib import contextmanager
@@ -93,6 +94,15 @@ def process_state_restored(rng: EngineRandom | None = None):
         yield
 
 
+def cached_memory_returned() -> None:
+    """Garbage collected, then the CUDA allocator's cached blocks handed back to the device: the
+    harness measures an engine's memory as free device memory (around capture(), after close())."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def shared_stream(streams: dict, device: int):
     """The one CUDA stream of `streams` (a dict the caller keeps for the process) for `device`. cuBLAS
     keeps a workspace for every stream a matmul ran on for the life of the process: engines that make
@@ -107,5 +117,5 @@ def shared_stream(streams: dict, device: int):
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
     "apply_environment", "environment_restored", "random_forked", "EngineRandom", "own_random",
-    "process_state_restored", "shared_stream",
+    "process_state_restored", "shared_stream", "cached_memory_returned",
 ]

@@ -12,8 +12,12 @@ checked against what was asked. The subclass supplies what is its engine's own:
   None (the default) where the engine does not say;
 - `padding_fill_reason`, `engine_name`, `events` and `own_errors`.
 
+`eager_step` is the step at a padded size with the observer's `eager_size` set: the observer makes
+the engine run eagerly at that size.
+
 It holds `requests` (a BlockBook), `observer` (start(eager_size, fill) -> record, stop()),
-`label`, `steps` and `last` (the last step's record).
+`label`, `steps`, `last` (the last step's record: `last_record()`) and `captured` (the CaptureReport
+once capture() ran: `capture_once(when)` refuses another).
 """
 from __future__ import annotations
 
@@ -25,11 +29,48 @@ from harness import protocol as p
 PADDING_FILLS = (None, "zeros", "random")
 
 
+GREEDY_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}  # by dtype: see greedy_tolerance
+
+
+def greedy_tolerance(dtype: str) -> float:
+    """The largest |sampled token's logit - its row's maximum| accepted where a runtime checks that the
+    logits it read back are the rows the engine's greedy sampler picked from: the sampler may run the
+    lm_head on fewer rows, so bits may differ."""
+    return GREEDY_TOLERANCE.get(dtype, 0.25)
+
+
+def not_the_maximum(row, token: int, tolerance: float) -> tuple[int, float] | None:
+    """(argmax, gap) where greedy sampling's `token` is not the maximum of its logits `row` within
+    `tolerance` (the row read back is not the one sampled from), else None."""
+    row = row.float()
+    gap = float(row.max() - row[token])
+    return (int(row.argmax()), round(gap, 4)) if gap > tolerance else None
+
+
+def request_rows(batch_ids: list, starts, planned, id_of, engine_name: str = "the engine",
+                 error: type[Exception] = RuntimeError) -> list:
+    """(request, its token rows) for each planned request, from the engine's batch order (`batch_ids`,
+    each request's `id_of(request)`) and its query starts; `error` where the engine's batch lacks a
+    request or scheduled it another number of tokens."""
+    where = {engine_id: i for i, engine_id in enumerate(batch_ids)}
+    rows = []
+    for q in planned:
+        if id_of(q) not in where:
+            raise error(f"{engine_name}'s batch has no request {id_of(q)}; it ran {batch_ids}")
+        i = where[id_of(q)]
+        span = range(int(starts[i]), int(starts[i + 1]))
+        if len(span) != q.num_new:
+            raise error(f"{engine_name} scheduled {len(span)} tokens of {id_of(q)}; this runtime asked for {q.num_new}")
+        rows.append((q, span))
+    return rows
+
+
 class ScheduledEngine:
     engine_name = "the engine"
     padding_fill_reason = "its padded inputs are integers"
     own_errors: tuple[type[BaseException], ...] = ()
     events = None  # a kit.events.EventLog
+    captured = None  # the engine's CaptureReport once its capture() ran
 
     def guarded(self):
         return nullcontext()
@@ -49,11 +90,35 @@ class ScheduledEngine:
     def release(self, request_id: int) -> None:
         self.requests.release(request_id)
 
+    def capture_once(self, when: str) -> None:
+        """Refuses a second capture(): the engine captures once (`when`) and its capture phase is over.
+        The engine's `captured` is None until its capture() ran."""
+        if self.captured is not None:
+            raise RuntimeError(f"capture() already ran for this engine: {self.engine_name} captures once, {when}, "
+                               "and the capture phase is over")
+
+    def last_record(self):
+        """The last step's record, for last_step_inputs; RuntimeError before any step ran."""
+        if self.last is None:
+            raise RuntimeError("no step has run yet")
+        return self.last
+
     def step(self, requests, padding_fill: str | None = None) -> p.StepResult:
         if padding_fill not in PADDING_FILLS:
             raise ValueError(f"this runtime fills padded rows with 'zeros' or 'random' (valid token ids and "
                              f"positions), not {padding_fill!r}: {self.padding_fill_reason}")
         return self._forward_step(list(requests), padding_fill=padding_fill)
+
+    def eager_step(self, requests, num_padded_tokens: int) -> p.StepResult:
+        """The step run eagerly at `num_padded_tokens` (the observer's `eager_size`, which it makes the
+        engine run at), within the static buffers of the books' token limit."""
+        requests = list(requests)
+        tokens = sum(len(r.token_ids) for r in requests)
+        limit = self.requests.max_tokens
+        if not tokens <= num_padded_tokens <= limit:
+            raise ValueError(f"eager_step at {num_padded_tokens} tokens: it must hold the step's {tokens} tokens and "
+                             f"fit {self.engine_name}'s static buffers of {self.requests.TOKEN_LIMIT}={limit}")
+        return self._forward_step(requests, eager_size=num_padded_tokens)
 
     def _forward_step(self, requests, eager_size: int | None = None, padding_fill: str | None = None) -> p.StepResult:
         planned = self.requests.plan(requests)
@@ -84,5 +149,5 @@ class ScheduledEngine:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "ScheduledEngine",
+    "ScheduledEngine", "request_rows", "greedy_tolerance", "not_the_maximum",
 ]

@@ -125,9 +125,7 @@ class LmdeployEngine(ScheduledEngine):
     def capture(self) -> p.CaptureReport:
         import torch
 
-        if self.captured is not None:
-            raise RuntimeError("capture() already ran for this engine: LMDeploy captures once, in its warm-up, and "
-                               "the capture phase is over")
+        self.capture_once("in its warm-up")
         self.observer.start()  # the warm-up's forwards stay off the last step's record
         gc.collect()
         torch.cuda.synchronize()
@@ -312,9 +310,7 @@ class LmdeployEngine(ScheduledEngine):
     def last_step_inputs(self) -> p.StepInputs:
         import torch
 
-        if self.last is None:
-            raise RuntimeError("no step has run yet")
-        seen = from_record(self.last)
+        seen = from_record(self.last_record())
         slots = torch.tensor(seen.slot_mapping(self.block_size), device=seen.token_ids.device)
         return p.StepInputs(seen.token_ids.clone(), seen.positions.clone(), slots, PADDING_SLOT,
                             **seen.request_rows(self.block_size))

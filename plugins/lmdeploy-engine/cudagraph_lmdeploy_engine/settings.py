@@ -10,6 +10,7 @@ already set wins, and the build checks the two that would change what the suites
 from __future__ import annotations
 
 from harness.kit import guard
+from harness.kit.block_book import num_blocks_for
 from harness.kit.events import EventLog
 from harness.kit.guard import EngineRandom  # noqa: F401  (this module's name for it, kept)
 
@@ -35,7 +36,6 @@ ENVIRONMENT = {
 DTYPE = "float16"
 BLOCK_SIZE = 64  # PytorchEngineConfig.block_size's default; the kernel block size follows it
 RESERVED_BLOCKS = 1  # ConfigBuilder.build_cache_config: block 0 "for dummy input and padding"
-DEFAULT_KV_TOKENS = 4096
 EVENTS_VARIABLE = "CUDAGRAPH_LMDEPLOY_EVENTS"  # a file every build, capture and first step is appended to
 
 EVENTS = EventLog("cudagraph_lmdeploy_engine", EVENTS_VARIABLE)
@@ -48,7 +48,7 @@ def apply_environment() -> None:
 
 def num_gpu_blocks(kv_tokens: int | None, max_seqs: int) -> int:
     """LMDeploy's reserved block, the blocks kv_tokens needs, and one partly filled block a request."""
-    return RESERVED_BLOCKS + -(-(kv_tokens or DEFAULT_KV_TOKENS) // BLOCK_SIZE) + max_seqs
+    return num_blocks_for(kv_tokens, BLOCK_SIZE, max_seqs, reserved=RESERVED_BLOCKS)
 
 
 def engine_config(config, resolved: str):

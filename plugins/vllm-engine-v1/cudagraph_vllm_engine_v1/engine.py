@@ -11,9 +11,10 @@ drafts, handed over as vLLM's scheduler hands drafts (`scheduled_spec_decode_tok
 from __future__ import annotations
 
 from harness import protocol as p
+from harness.kit.scheduled import greedy_tolerance, not_the_maximum
 
 from cudagraph_vllm_engine import settings
-from cudagraph_vllm_engine.engine import SAMPLE_CHECK, EngineError, VllmEngine, request_rows
+from cudagraph_vllm_engine.engine import EngineError, VllmEngine, request_rows
 
 from . import ngram_stand_in
 from .lora import load_each, lora_requests, request_lora
@@ -180,7 +181,7 @@ class VllmV1Engine(VllmEngine):
     def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
         """Greedy sampling: each token vLLM sampled is the argmax of its row. A verify step's tokens are
         the accepted drafts and one more, row by row from its first; another request's is its last row's."""
-        tolerance = SAMPLE_CHECK.get(self.config.dtype, 0.25)
+        tolerance = greedy_tolerance(self.config.dtype)
         row, bad, accepted = 0, [], {}
         for q, span in rows:
             first, row = row, row + len(span)
@@ -194,10 +195,8 @@ class VllmV1Engine(VllmEngine):
             else:
                 pairs = [(row - 1, tokens[-1])] if tokens else []
             for index, token in pairs:
-                line = logits[index].float()
-                gap = float(line.max() - line[token])
-                if gap > tolerance:
-                    bad.append((q.vllm_id, index - first, token, int(line.argmax()), round(gap, 4)))
+                if miss := not_the_maximum(logits[index], token, tolerance):
+                    bad.append((q.vllm_id, index - first, token, *miss))
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
                                f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")

@@ -1,13 +1,11 @@
-"""Which of Triton attention's two kernels each call takes: a probe's trace, off unless asked for.
+"""Which of Triton attention's two kernels each call takes: a probe, off unless asked for.
 
-vLLM 0.25's `unified_attention` launches a 2D kernel, or a 3D one that splits each sequence's KV
-into segments and combines them after; the two reduce in different orders. It picks by the rule
-`kernel()` restates (`use_3d` in vllm/v1/attention/ops/triton_unified_attention.py; its batch
-invariance switch, off here, is left out). With CUDAGRAPH_VLLM_ATTENTION_TRACE set to part of a
-test id, every call made during such a test goes to the events log (settings.event) with the rule's
-inputs, whether a graph was being captured and torch's float32 matmul precision (a process-wide
-knob): a FULL graph's line is its capture, since its replays run no Python, while eager and
-PIECEWISE steps call it at every step.
+vLLM 0.25's `unified_attention` launches a 2D kernel or a 3D one that splits each sequence's KV in
+segments (a different reduction order), by the rule `kernel()` restates (`use_3d` in
+vllm/v1/attention/ops/triton_unified_attention.py, its batch-invariance switch left out). With
+CUDAGRAPH_VLLM_ATTENTION_TRACE set to part of a test id, every call during such a test is an event
+(the kit's `EventLog.trace_calls`): the rule's inputs, whether a graph is being captured (a FULL
+graph's one line is its capture) and torch's float32 matmul precision (a process-wide knob).
 """
 from __future__ import annotations
 
@@ -25,34 +23,22 @@ def kernel(num_seqs: int, max_seqlen_q: int, threshold: int | None, has_segment_
     return "3d" if split else "2d"
 
 
+def describe(*args, **kwargs) -> str:
+    """One call of `unified_attention`: the rule's inputs and the kernel it picks."""
+    import torch
+
+    num_seqs, max_q = len(kwargs["seqused_k"]), kwargs["max_seqlen_q"]
+    threshold = kwargs.get("seq_threshold_3D")
+    buffers = all(kwargs.get(name) is not None for name in SEGMENT_BUFFERS)
+    return (f"capturing={torch.cuda.is_current_stream_capturing()} num_seqs={num_seqs} max_seqlen_q={max_q} "
+            f"max_seqlen_k={kwargs['max_seqlen_k']} threshold={threshold} kernel={kernel(num_seqs, max_q, threshold, buffers)} "
+            f"matmul_precision={torch.get_float32_matmul_precision()}")
+
+
 def install() -> bool:
     """Wrap the Triton backend's `unified_attention` (once) where the variable asks for it."""
-    wanted = os.environ.get(VARIABLE)
-    if not wanted:
-        return False
-    import torch
+    if not os.environ.get(VARIABLE):
+        return False  # vLLM's backend module is not even imported
     import vllm.v1.attention.backends.triton_attn as backend
 
-    original = backend.unified_attention
-    if getattr(original, "traced", False):
-        return True
-
-    def traced(*args, **kwargs):
-        test = os.environ.get("PYTEST_CURRENT_TEST", "")
-        if wanted in test:
-            try:
-                num_seqs, max_q = len(kwargs["seqused_k"]), kwargs["max_seqlen_q"]
-                threshold = kwargs.get("seq_threshold_3D")
-                buffers = all(kwargs.get(name) is not None for name in SEGMENT_BUFFERS)
-                line = (f"capturing={torch.cuda.is_current_stream_capturing()} num_seqs={num_seqs} "
-                        f"max_seqlen_q={max_q} max_seqlen_k={kwargs['max_seqlen_k']} threshold={threshold} "
-                        f"kernel={kernel(num_seqs, max_q, threshold, buffers)} "
-                        f"matmul_precision={torch.get_float32_matmul_precision()}")
-            except Exception as error:  # a probe must not change the run it watches
-                line = f"not traced: {error!r}"
-            settings.event(f"attention {test.split(' ')[0]} {line}")
-        return original(*args, **kwargs)
-
-    traced.traced = True
-    backend.unified_attention = traced
-    return True
+    return settings.EVENTS.trace_calls(backend, "unified_attention", VARIABLE, "attention", describe)

@@ -1,37 +1,28 @@
 """A real vLLM 0.25 engine on one GPU, driven one exact batch at a time.
 
-Built as vLLM's offline engine builds itself in-process (vllm/v1/engine/core.py
-EngineCore.__init__ and _initialize_kv_caches; vllm/v1/executor/uniproc_executor.py):
-EngineArgs -> VllmConfig, UniProcExecutor (worker, device, model load), a profile run (the
-torch.compile of the model happens here, as in determine_available_memory), KV cache specs and
-configs, initialize_from_config (which resolves the graph mode and makes the V2
-CudaGraphManager). Two things differ, both because this runtime is the scheduler: the KV cache
-has a fixed number of blocks (num_gpu_blocks_override, from EngineConfig.kv_tokens) instead of
-what memory profiling leaves, and graphs are captured by `capture()` (the model runner's
-`capture_model`, what compile_or_warm_up_model calls) rather than at the end of the build.
-
-A step is one `execute_model` + `sample_tokens` of vLLM's V2 model runner with a
-SchedulerOutput this runtime writes (requests.py). Logits are the model's own `compute_logits`
-over the hidden states the runner produced for every real token, read between the two calls.
+Built as vLLM's offline engine builds itself in-process (vllm/v1/engine/core.py EngineCore.__init__,
+_initialize_kv_caches): EngineArgs -> VllmConfig, UniProcExecutor, a profile run (torch.compile
+happens here), KV cache configs, initialize_from_config (the graph mode resolved, the V2
+CudaGraphManager made). This runtime being the scheduler, the KV cache has a fixed number of blocks
+(num_gpu_blocks_override) and graphs are captured by `capture()` (the runner's `capture_model`).
+A step is one `execute_model` + `sample_tokens` with a SchedulerOutput this runtime writes; logits
+are the model's `compute_logits` over every real token's hidden states, read between the two calls.
 """
 from __future__ import annotations
 
-import gc
 import time
 from contextlib import contextmanager
 
 from harness import protocol as p
-from harness.kit.scheduled import ScheduledEngine
+from harness.kit import scheduled
+from harness.kit.block_book import num_blocks_for
+from harness.kit.guard import cached_memory_returned
+from harness.kit.scheduled import ScheduledEngine, greedy_tolerance, not_the_maximum
 
 from . import attention_trace, release, settings
 from .policy import graph_descriptors, sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
-
-# Largest |sampled token's logit - row max| accepted when checking that the rows read back are
-# the rows vLLM sampled from (its sampler runs the lm_head on fewer rows, so bits may differ).
-SAMPLE_CHECK = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
-DEFAULT_KV_TOKENS = 4096
 
 
 class EngineError(RuntimeError):
@@ -39,19 +30,8 @@ class EngineError(RuntimeError):
 
 
 def request_rows(req_ids: list, starts, planned) -> list:
-    """(request, its token rows) for each planned request, from vLLM's batch order and query starts;
-    refused where vLLM's batch lacks a request or scheduled it another number of tokens."""
-    where = {req_id: i for i, req_id in enumerate(req_ids)}
-    rows = []
-    for q in planned:
-        if q.vllm_id not in where:
-            raise EngineError(f"vLLM's batch has no request {q.vllm_id}; it ran {req_ids}")
-        i = where[q.vllm_id]
-        span = range(int(starts[i]), int(starts[i + 1]))
-        if len(span) != q.num_new:
-            raise EngineError(f"vLLM scheduled {len(span)} tokens of {q.vllm_id}; this runtime asked for {q.num_new}")
-        rows.append((q, span))
-    return rows
+    """(request, its token rows) for each planned request, from vLLM's batch order and query starts."""
+    return scheduled.request_rows(req_ids, starts, planned, lambda q: q.vllm_id, "vLLM", EngineError)
 
 
 class VllmEngine(ScheduledEngine):
@@ -73,7 +53,7 @@ class VllmEngine(ScheduledEngine):
             self.close()  # a failed build gives back what it made, as a closed engine does
             raise
 
-    # The hooks the V1 engine (v1_engine.py) fills in; everything else of the build is the same.
+    # The hooks the V1 engine (cudagraph_vllm_engine_v1.engine) fills in; the rest of the build is the same.
     observer_class = StepObserver
     KV_STAGE = "KV cache and graph manager"  # what the build's KV stage makes, for the events log
 
@@ -101,7 +81,6 @@ class VllmEngine(ScheduledEngine):
         """The build's last step before the build's cached memory is handed back."""
 
     def _build(self) -> None:
-        import torch
         from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
@@ -138,21 +117,16 @@ class VllmEngine(ScheduledEngine):
         self.last = None
         self.steps = 0
         self._built(label)
-        # The harness measures graph memory as free device memory around capture(): leave no cached
-        # blocks of the build behind for capture_model's own empty_cache() to hand back.
-        gc.collect()
-        torch.cuda.empty_cache()
+        cached_memory_returned()  # none of the build's for capture_model's own empty_cache() to hand back
 
     def _kv_cache(self, vllm_config, specs, what: str) -> tuple[int, int]:
-        """The runner's KV cache, of the harness's size: the null block, the tokens asked for, and one
-        partly filled block per request. Returns (block size, blocks)."""
+        """The runner's KV cache of the harness's size, vLLM's null block reserved: (block size, blocks)."""
         import torch
         from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
         block_size = self._block_size(specs)
-        kv_tokens = self.config.kv_tokens or DEFAULT_KV_TOKENS
-        num_blocks = 1 + -(-kv_tokens // block_size) + self.config.policy.max_num_seqs
+        num_blocks = num_blocks_for(self.config.kv_tokens, block_size, self.config.policy.max_num_seqs, reserved=1)
         vllm_config.cache_config.num_gpu_blocks_override = num_blocks
         register_all_kvcache_specs(vllm_config)
         kv_configs = get_kv_cache_configs(vllm_config, specs, [torch.cuda.mem_get_info()[0]])
@@ -178,9 +152,7 @@ class VllmEngine(ScheduledEngine):
     # -- capture ------------------------------------------------------------------------------
     def _capture_model(self) -> tuple:
         """The runner's capture_model, once an engine: (vLLM's own memory measure, seconds)."""
-        if self.captured is not None:
-            raise RuntimeError("capture() already ran for this engine: vLLM captures once, at engine start, "
-                               "and the capture phase is over")
+        self.capture_once("at engine start")
         self.observer.start()  # capture runs the piecewise path too: keep it off the last step's record
         with settings.timed(f"capture {self.label}"):
             start = time.perf_counter()
@@ -220,16 +192,7 @@ class VllmEngine(ScheduledEngine):
         return graph_descriptors(self.manager)
 
     # -- steps --------------------------------------------------------------------------------
-    def eager_step(self, requests, num_padded_tokens: int) -> p.StepResult:
-        requests = list(requests)
-        tokens = sum(len(r.token_ids) for r in requests)
-        limit = self.vllm_config.scheduler_config.max_num_batched_tokens
-        if not tokens <= num_padded_tokens <= limit:
-            raise ValueError(f"eager_step at {num_padded_tokens} tokens: it must hold the step's {tokens} tokens and "
-                             f"fit vLLM's static buffers of max_num_batched_tokens={limit}")
-        return self._forward_step(requests, eager_size=num_padded_tokens)
-
-    # ScheduledEngine's step: plan, the scheduler's output, vLLM's forward, logits read back, checked.
+    # ScheduledEngine's step (and eager_step): plan, the scheduler's output, vLLM's forward, logits read back, checked.
     @contextmanager
     def guarded(self):
         with self._set_config(self.vllm_config), settings.process_state_restored():
@@ -265,9 +228,8 @@ class VllmEngine(ScheduledEngine):
         return padded
 
     def _scheduler_output(self, planned):
-        """The SchedulerOutput vLLM's scheduler would send for these requests if each were resumed
-        with its tokens so far (vllm/v1/core/sched/output.py; V2's own warm-up builds them the same
-        way, vllm/v1/worker/gpu/warmup.py)."""
+        """The SchedulerOutput vLLM's scheduler would send for these requests, each resumed with its
+        tokens so far (as V2's own warm-up builds them, vllm/v1/worker/gpu/warmup.py)."""
         from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 
         return self._scheduled([
@@ -277,8 +239,7 @@ class VllmEngine(ScheduledEngine):
             for q in planned], planned, SchedulerOutput.make_empty())
 
     def _scheduled(self, new_reqs: list, planned, output):
-        """`output` (an empty SchedulerOutput) scheduling these new requests, each resumed with its
-        tokens so far, and ending the requests released since the last step."""
+        """`output` (empty) scheduling these new requests and ending those released since the last step."""
         output.scheduled_new_reqs = new_reqs
         output.num_scheduled_tokens = {q.vllm_id: q.num_new for q in planned}
         output.total_num_scheduled_tokens = sum(q.num_new for q in planned)
@@ -311,25 +272,20 @@ class VllmEngine(ScheduledEngine):
         self._check_slots(record, rows)
         by_id = dict(zip(sampled.req_ids, sampled.sampled_token_ids))
         row, bad = 0, []
-        tolerance = SAMPLE_CHECK.get(self.config.dtype, 0.25)
+        tolerance = greedy_tolerance(self.config.dtype)
         for q, span in rows:
             row += len(span)
             tokens = by_id.get(q.vllm_id) or []
-            if tokens:
-                last = logits[row - 1].float()
-                gap = float(last.max() - last[tokens[-1]])
-                if gap > tolerance:
-                    bad.append((q.vllm_id, tokens[-1], int(last.argmax()), round(gap, 4)))
+            if tokens and (miss := not_the_maximum(logits[row - 1], tokens[-1], tolerance)):
+                bad.append((q.vllm_id, tokens[-1], *miss))
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
                                f"(request, sampled, argmax, gap): {bad}: the rows were misread")
 
     # -- the end --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Give back what this engine holds (release.py: as vLLM's own tests do between engines), and,
-        when it is the last engine of this runtime, what vLLM keeps for the process."""
-        import torch
-
+        """Give back what this engine holds (release.py), and, after this runtime's last engine, what
+        vLLM keeps for the process."""
         if self not in self.live:
             return
         self.live.discard(self)
@@ -339,8 +295,7 @@ class VllmEngine(ScheduledEngine):
             if executor is not None:
                 release.release_engine(executor, runner, others_alive=bool(self.live))
             del executor, runner
-            gc.collect()
-            torch.cuda.empty_cache()
+            cached_memory_returned()
             if not self.live:
                 release.release_process()
 
@@ -372,12 +327,9 @@ class VllmEngine(ScheduledEngine):
     def last_step_inputs(self) -> p.StepInputs:
         from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 
-        if self.last is None:
-            raise RuntimeError("no step has run yet")
-        last = self.last
-        # Padded request rows: vLLM zeroes their lengths and pads query starts with the token count;
-        # V2's block-table rows there are whatever gather_block_tables left (PADDING_BLOCK None:
-        # they must read nothing), V1 fills them with the null block.
+        last = self.last_record()
+        # Padded request rows: zero lengths, query starts padded with the token count; V2's block-table
+        # rows are what gather_block_tables left (PADDING_BLOCK None: read nothing), V1's the null block.
         return p.StepInputs(last.token_ids, last.positions, last.slot_mapping, PAD_SLOT_ID, seq_lens=last.seq_lens,
                             query_start_loc=last.query_start_loc, block_tables=last.block_tables,
                             block_size=self.kernel_block_size, padding_block=self.PADDING_BLOCK)

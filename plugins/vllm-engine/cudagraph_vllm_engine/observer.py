@@ -1,16 +1,10 @@
-"""What vLLM itself did in one execute_model call, seen from inside the process.
+"""What vLLM itself did in one execute_model call, read from V2 model runner methods wrapped to
+call straight through (vllm/v1/worker/gpu/model_runner.py, execute_model):
 
-Three instance attributes of the V2 model runner are wrapped (each calls straight through):
-
-- `cudagraph_manager.dispatch`: the BatchExecutionDescriptor vLLM's dispatcher chose. For an
-  eager reference step the runtime may replace it with an eager descriptor of a given size.
-- `cudagraph_manager.run_fullgraph` / `run_pw_graph`: which path the forward took. The model
-  runner calls the first for FULL and the second for PIECEWISE (vllm/v1/worker/gpu/
-  model_runner.py, execute_model); an eager forward calls neither.
-- `prepare_attn`: called right after `prepare_inputs` has filled the static input buffers and
-  before the forward; here the padded rows can be filled on request and the inputs (token ids,
-  positions, the slot mapping vLLM computed, and the request rows: `input_buffers.seq_lens`,
-  `query_start_loc` and the block tables prepare_attn gathered) are copied for inspection.
+- `cudagraph_manager.dispatch`: the descriptor vLLM's dispatcher chose (an eager step's replaced);
+- `cudagraph_manager.run_fullgraph` / `run_pw_graph`: the FULL or PIECEWISE path (eager: neither);
+- `prepare_attn`: the static inputs filled, the forward not yet run: the padded rows filled on
+  request, and the inputs and request rows (seq_lens, query_start_loc, block tables) copied.
 """
 from __future__ import annotations
 
@@ -67,8 +61,8 @@ class StepObserver(ObserverBase):
         runner.prepare_attn = prepare_attn
 
     def _eager(self, desc):
-        """An eager descriptor at the requested size, with the request padding the graph of that
-        size would use (so the eager reference runs the graph step's exact shape)."""
+        """An eager descriptor at the requested size, with the graph of that size's request padding
+        (the eager reference runs the graph step's exact shape)."""
         eager = type(desc.cg_mode).NONE  # vLLM's CUDAGraphMode, taken from the descriptor itself
         size = self.eager_size
         # None: no request padding (the model runner then uses the real request count).

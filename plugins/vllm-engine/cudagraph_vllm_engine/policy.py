@@ -1,12 +1,8 @@
 """The graph policy of vLLM 0.25's V2 model runner, answered by vLLM's own code for any
-PolicyConfig: the VllmConfig the engine would get (settings.engine_args), the mode resolved as
-`GPUModelRunner.initialize_kv_cache` resolves it, and the candidate table of the V2
-`CudaGraphManager` (its `_init_candidates` and `dispatch`, on a manager built without a model),
-its LoRA cases from `lora_utils.get_lora_capture_cases`.
-
-Questions with speculative tokens are asked of a config with an EAGLE draft (the policy model's own
-config stands in for the draft's weights: sizes and keys depend on the number of speculative
-tokens only); questions with LoRA of a config with LoRA enabled and no adapter loaded.
+PolicyConfig: the VllmConfig an engine would get (settings.engine_args, with an EAGLE draft for
+speculative tokens and LoRA enabled without adapters), the mode resolved as
+`GPUModelRunner.initialize_kv_cache` does, and the V2 `CudaGraphManager`'s candidate table and
+`dispatch` (on a manager built without a model), its LoRA cases vLLM's `get_lora_capture_cases`.
 """
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ class Answer:
 
 
 def check_version(version: str) -> None:
-    """This runtime declares vLLM 0.25's rules (Capabilities.rules): another release would
-    answer with rules of its own under that declaration."""
+    """This runtime declares vLLM 0.25's rules: another release would answer with its own under them."""
     if not (version == VERSION or version.startswith(VERSION + ".")):
         raise RuntimeError(f"this runtime declares vLLM {VERSION}'s graph policy and answers with vLLM's own code, "
                            f"but vLLM {version} is installed; install vLLM {VERSION}.x (README)")
@@ -47,10 +42,9 @@ def attention_support() -> str:
 
 
 def dispatcher_for(vllm_config, mode, decode_query_len: int = 1, graphs_captured: bool = True):
-    """vLLM's V2 CudaGraphManager with its candidate table, built without __init__ (which needs a
-    distributed group and a graph pool, and neither takes part in the table). The attributes set
-    here are the ones `_init_candidates`, `_build_lora_dispatch_map` and `dispatch` read
-    (vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.__init__)."""
+    """vLLM's V2 CudaGraphManager with its candidate table, built without __init__ (its distributed
+    group and graph pool take no part in the table): the attributes `_init_candidates`,
+    `_build_lora_dispatch_map` and `dispatch` read (vllm/v1/worker/gpu/cudagraph_utils.py)."""
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
     from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
 
@@ -92,8 +86,7 @@ def num_reqs_of(config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int
 
 
 class VllmPolicy:
-    """The V2 runner's answers. The V1 runner's (v1_policy.VllmV1Policy) differ only in the hooks
-    below: the EngineArgs a question is asked with, the runner checked, the resolution and the table."""
+    """The V2 runner's answers; the V1 runner's (cudagraph_vllm_engine_v1.policy) differ in the hooks below."""
 
     QUESTION_RULES: str | None = None  # the rules a resolve_mode question's PolicyConfig names
 
@@ -139,9 +132,8 @@ class VllmPolicy:
 
     def dispatch(self, config: p.PolicyConfig, num_real_tokens: int, num_real_rows: int | None = None, uniform: bool = False,
                  num_active_loras: int = 0) -> p.Dispatch:
-        """CudaGraphManager.dispatch as GPUModelRunner.execute_model calls it: a uniform batch brings its
-        token count per request (q); V2 calls a batch uniform when every request brings the same count,
-        and only a count of q can match a decode graph, so that is the harness's `uniform`."""
+        """CudaGraphManager.dispatch as execute_model calls it: V2's uniform batch brings one count per
+        request, and only q's can match a decode graph, so that is the harness's `uniform`."""
         manager = self.answer(config).dispatcher
         q = config.query_len
         desc = manager.dispatch(num_reqs_of(config, num_real_tokens, num_real_rows, uniform), num_real_tokens, q if uniform else None,

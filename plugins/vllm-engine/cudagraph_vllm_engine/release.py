@@ -1,24 +1,17 @@
-"""Giving back what a vLLM 0.25 engine holds, as vLLM's own test suite does between engines.
+"""Giving back what a vLLM 0.25 engine holds, as vLLM's tests/conftest.py does after every test
+(engine shut down, `cleanup_dist_env_and_memory()`, `torch._dynamo.reset()`), split in two since
+the harness's engines outlive tests:
 
-vLLM's tests/conftest.py ends every test with the engine shut down, `cleanup_dist_env_and_memory()`
-(vllm/distributed/parallel_state.py: model-parallel groups and the distributed environment
-destroyed, gc, empty_cache) and `torch._dynamo.reset()`. Here engines outlive tests (the harness
-shares them), so the work is split:
-
-- `release_engine` (every engine, at its close): what only this engine uses. The global bytecode
-  hook each compiled module registers with dynamo (vllm/compilation/wrapper.py,
-  `TorchCompileWithNoGuardsWrapper.cleanup`), which holds the module and so its weights; dynamo's
-  cache entry on the compiled class's forward (`remove_from_cache`, which vLLM itself calls before
-  every new engine's first compile: engines run their own compiled bytecode, not that entry), whose
-  compiled function holds its example inputs, the weights again; then the worker's own
-  `shutdown()` (vllm/v1/worker/gpu_worker.py -> gpu/model_runner.py `shutdown`: KV caches, the
-  static forward context, the RoPE cache, the workspace manager, the model).
-- `release_process` (when no engine of this runtime is left): the process-wide rest, exactly as
-  vLLM's tests: `cleanup_dist_env_and_memory()` and `torch._dynamo.reset()`.
+- `release_engine`, at every close: the dynamo bytecode hook of each compiled module
+  (`TorchCompileWithNoGuardsWrapper.cleanup`: it holds the module, so the weights), dynamo's cache
+  entry on the compiled forward (`remove_from_cache`, as vLLM does before each engine's first
+  compile; its example inputs hold the weights too), then the worker's `shutdown()` (KV caches,
+  forward context, RoPE cache, workspace manager, model);
+- `release_process`, once no engine of this runtime is left: the process-wide rest, as vLLM's tests.
 """
 from __future__ import annotations
 
-import gc
+from harness.kit.guard import cached_memory_returned
 
 
 def compiled_modules(model) -> list:
@@ -49,8 +42,7 @@ def release_engine(executor, runner, others_alive: bool) -> None:
         torch._dynamo.eval_frame.remove_from_cache(code)
     if others_alive and had_workspace and device is not None and not workspace.is_workspace_manager_initialized():
         workspace.init_workspace_manager(device)  # shutdown reset it; the live engines' workers made it
-    gc.collect()
-    torch.cuda.empty_cache()
+    cached_memory_returned()
 
 
 def release_process() -> None:
@@ -60,5 +52,4 @@ def release_process() -> None:
 
     cleanup_dist_env_and_memory()
     torch._dynamo.reset()
-    gc.collect()
-    torch.cuda.empty_cache()
+    cached_memory_returned()

@@ -1,10 +1,7 @@
-"""This runtime's scheduler state, on the harness's books (harness/kit/block_book.py): which requests
-are live, the tokens whose KV each one holds, and its KV blocks.
-
-The runtime plays vLLM's scheduler: each step it hands the model runner every scheduled request
-as vLLM's scheduler hands a resumed or streaming request (`NewRequestData` with the full token
-list and `num_computed_tokens`), so a step runs exactly the tokens the harness gave, at the
-context lengths it gave, and re-running a step rewrites the same KV slots.
+"""This runtime's scheduler state on the kit's books (harness/kit/block_book.py). Each step hands the
+model runner every scheduled request as vLLM's scheduler hands a resumed one (`NewRequestData`
+with all its tokens and `num_computed_tokens`), so a step runs exactly the harness's tokens at its
+context lengths, and re-running a step rewrites the same KV slots.
 """
 from __future__ import annotations
 
@@ -36,6 +33,7 @@ class Planned:
 
 
 class Requests(BlockBook):
+    """KV slots: the kit's `slot`, vLLM's block table expanded to kernel blocks (vllm/v1/worker/gpu/block_table.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, vocab: int, max_len: int, max_seqs: int, max_tokens: int):
         # Block 0 is vLLM's null block (its BlockPool never hands it out), so neither do we.
@@ -59,12 +57,3 @@ class Requests(BlockBook):
     def take_finished(self) -> set[str]:
         finished, self.finished = self.finished, set()
         return finished
-
-    def slot(self, request_id: int, position: int, kernel_block_size: int) -> int:
-        """The KV slot vLLM writes for a position: its block table expanded to kernel blocks
-        (vllm/v1/worker/gpu/block_table.py: append_block_ids, _compute_slot_mappings_kernel)."""
-        live = self.held(request_id, position)
-        per_block = self.block_size // kernel_block_size
-        kernel_block = position // kernel_block_size
-        block = live.blocks[kernel_block // per_block] * per_block + kernel_block % per_block
-        return block * kernel_block_size + position % kernel_block_size

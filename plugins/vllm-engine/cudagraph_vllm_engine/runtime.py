@@ -1,14 +1,9 @@
-"""The `vllm-engine` runtime: vLLM 0.25's own engine (V2 model runner, Triton attention, one
-GPU, in this process) behind the harness protocol.
-
-- Policy (capture_sizes, padded_size, dispatch, resolve_mode): vLLM's own code for the config
-  (policy.py), the V2 runner's rules, no engine needed.
-- Execution (build): a real engine on the harness's checkpoint (engine.py), its graphs captured
-  by vLLM's capture_model, each step an exact batch this runtime schedules, the mode and padded
-  size of every step read from vLLM's dispatcher and from the path its forward took.
-
-vLLM is imported when the runtime is made, never at import time, so listing runtimes stays
-cheap where vLLM is absent (CI).
+"""The `vllm-engine` runtime: vLLM 0.25's own engine (V2 model runner, Triton attention, one GPU,
+in this process) behind the harness protocol. Policy: vLLM's own code for the config (policy.py), no
+engine needed. Execution: a real engine on the harness's checkpoint (engine.py), graphs captured by
+vLLM's capture_model, each step an exact batch this runtime schedules, its mode and padded size
+read from vLLM's dispatcher and the path its forward took. vLLM is imported when the runtime is
+made, never at import, so listing runtimes stays cheap where vLLM is absent (CI).
 """
 from __future__ import annotations
 
@@ -18,10 +13,12 @@ import weakref
 from pathlib import Path
 
 from harness import protocol as p
-from harness.kit.checks import check_mode, check_one_gpu_config, require_cuda
+from harness.kit.checks import check_built, check_mode, check_one_gpu_config, require_cuda
 from harness.kit.delegate import PolicyDelegate
 
 from . import __version__, settings
+from .policy import VERSION, VllmPolicy, check_version, graph_descriptors
+from .without_gpu import stand_in_for_an_h200
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 NOTES = ("vLLM {vllm} V2 model runner, in-process, {backend} attention; this runtime is the scheduler: each step "
@@ -51,7 +48,21 @@ def precision() -> str:
 class _Policy(PolicyDelegate):
     """The protocol's policy questions, answered by vLLM 0.25's own code (policy.VllmPolicy)."""
 
-    policy: "VllmPolicy"
+    policy: VllmPolicy
+
+    def _start_policy(self) -> str:
+        """vLLM imported and its release checked, the policy made and asked once; returns vLLM's version.
+        Without a GPU (a policy runtime only: an engine runtime requires one) without_gpu.py stands in."""
+        import torch
+        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
+
+        check_version(vllm.__version__)
+        if not torch.cuda.is_available():
+            stand_in_for_an_h200()
+        self.policy = VllmPolicy()
+        with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
+            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
+        return vllm.__version__
 
 
 class VllmEnginePolicyRuntime(_Policy):
@@ -64,23 +75,11 @@ class VllmEnginePolicyRuntime(_Policy):
 
     def __init__(self):
         settings.apply_environment()
-        import torch
-        import vllm
-
-        from .policy import VERSION, VllmPolicy, check_version
-
-        check_version(vllm.__version__)
-        if not torch.cuda.is_available():
-            from .without_gpu import stand_in_for_an_h200
-
-            stand_in_for_an_h200()
-        self.policy = VllmPolicy()
-        with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
-        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner, policy only)"
+        vllm_version = self._start_policy()
+        self.version = f"{__version__} (vLLM {vllm_version}, V2 model runner, policy only)"
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
-            lora=True, speculative=True, notes=POLICY_NOTES.format(vllm=vllm.__version__))
+            lora=True, speculative=True, notes=POLICY_NOTES.format(vllm=vllm_version))
 
 
 MEMORY_KEPT_PER_BUILD = 192 << 20  # bytes
@@ -93,15 +92,8 @@ class VllmEngineRuntime(_Policy):
     def __init__(self):
         settings.apply_environment()
         require_cuda("vllm-engine", "vLLM")
-        import vllm  # fails here, with the reason shown by the harness, when vLLM is not installed
-
-        from .policy import VERSION, VllmPolicy, check_version
-
-        check_version(vllm.__version__)
-        self.policy = VllmPolicy()
-        with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
-        self.version = f"{__version__} (vLLM {vllm.__version__}, V2 model runner)"
+        vllm_version = self._start_policy()
+        self.version = f"{__version__} (vLLM {vllm_version}, V2 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
@@ -112,7 +104,7 @@ class VllmEngineRuntime(_Policy):
             # What a closed engine still leaves allocated, measured on an H200 after every close()
             # (reports/h200/vllm/run_16062a0/smoke.log, its "SMOKE memory" lines).
             memory_kept_per_build=MEMORY_KEPT_PER_BUILD,
-            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
+            notes=NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
                                why=PRECISION_WHY[arithmetic]),
         )
         self.engines_built = 0
@@ -121,7 +113,6 @@ class VllmEngineRuntime(_Policy):
     # -- execution --------------------------------------------------------------------------
     def build(self, config: p.EngineConfig):
         from .engine import VllmEngine
-        from .policy import graph_descriptors
 
         self._check_config(config)
         expected = self.policy.answer(config.policy)  # raises ValueError where vLLM rejects the config
@@ -138,12 +129,7 @@ class VllmEngineRuntime(_Policy):
         """The built engine if it resolved, sized and keyed its graphs as this runtime's policy answers
         for its config (closed and refused if not), with its resolution and vLLM's warnings."""
         built = (engine.resolved, engine.capture_sizes(), engine.graph_descriptors())
-        if built != answered:
-            settings.event(f"{label}: BUILD CHECK FAILED: engine {built}; policy {answered}")
-            engine.close()
-            raise RuntimeError(f"{label}: vLLM's engine resolved {built[0]}, capture sizes {built[1]}, graphs "
-                               f"{built[2]}; this runtime's policy answers {answered[0]}, {answered[1]}, {answered[2]} "
-                               "for the same config: the policy questions would be answered for another engine")
+        check_built(engine, built, answered, label, "vLLM", settings.EVENTS)
         mode = engine.config.policy.mode
         engine.resolution = p.Resolution(mode, engine.resolved, engine.build_warnings)
         if engine.resolved != mode:

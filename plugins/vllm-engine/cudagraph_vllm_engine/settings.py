@@ -1,8 +1,6 @@
-"""The vLLM settings this runtime runs with, in one place: the environment set before vLLM is
-imported, the EngineArgs every engine and every policy answer is built from, and the event log.
-
-vLLM reads most of its environment at import, so `apply_environment()` runs before the first
-`import vllm` (runtime.py, smoke.py). Values are defaults: a variable already set wins.
+"""The vLLM settings this runtime runs with: the environment (defaults, set before the first
+`import vllm`, since vLLM reads it at import), the EngineArgs every engine and policy answer is
+built from, and the event log.
 """
 from __future__ import annotations
 
@@ -39,22 +37,17 @@ def apply_environment() -> None:
     guard.apply_environment(ENVIRONMENT)
 
 
-# What vLLM changes for the whole process during a call, put back: it draws from torch's global CPU
-# and CUDA generators (building, stepping) and points TORCHINDUCTOR_CACHE_DIR at its own cache when
-# it compiles. Called with no engine streams: the caller's generators are forked around the call.
+# What vLLM changes for the process during a call, put back: draws from torch's global generators
+# (forked around the call) and TORCHINDUCTOR_CACHE_DIR pointed at its own cache when it compiles.
 process_state_restored = guard.process_state_restored
 
 
 def engine_args(model: str | Path, policy, *, dtype: str = "float32", seed: int = 0,
                 max_model_len: int | None = None, compilation: dict | None = None, draft: str | Path | None = None):
-    """vLLM's EngineArgs for a model folder and a harness PolicyConfig.
-
-    Speculative decoding needs a draft: vLLM 0.25's V2 runner takes only draft-model methods (EAGLE,
-    MTP, DFlash, DSpark; `VllmConfig._get_v2_model_runner_unsupported_features` sends ngram to V1).
-    `draft` names an EAGLE draft's config folder: policy questions use the policy model's own, since
-    sizes and keys depend on the number of speculative tokens only; an engine is given none, and a
-    config with speculative tokens is then a ValueError. LoRA is configured (`enable_lora`, no
-    adapter loaded) where `draft` is given too, i.e. for policy questions only."""
+    """vLLM's EngineArgs for a model folder and a harness PolicyConfig. `draft` (policy questions only)
+    names an EAGLE draft's config folder (V2 takes only draft-model methods; the policy model's own
+    config will do, as sizes and keys depend on the number of speculative tokens only) and enables
+    LoRA with no adapter; an engine gets neither, so speculative tokens or LoRA are a ValueError."""
     from vllm.engine.arg_utils import EngineArgs
 
     questions_only = draft is not None

@@ -1,16 +1,11 @@
-"""The smoke stage of the GPU run: harness.smoke (the kit's one smoke driver) for vLLM, after
-vLLM's environment is set (settings.apply_environment, before anything imports vLLM or the hub).
-Every config mode is built once as the suites build them (so the compile caches it leaves are the
-suites' too), captured, driven through the shared generation scenario and closed; the first engine
-stays open as the suites' shared engines do and is closed last. After each close: the CUDA memory
-the build left allocated (`SMOKE memory`; a capture on a stream of torch's pool that no matmul ran
-on before leaves that stream's cuBLAS workspace, 32 MiB on an H200, which the harness allows any
-test once).
+"""The smoke stage of the GPU run: harness.smoke for vLLM, after vLLM's environment is set.
+Every mode is built as the suites build them (its compile caches are theirs too), captured, driven
+and closed, the first kept open to the end as the suites' shared engines are; after each close, the
+CUDA memory left allocated (`SMOKE memory`: a capture on a stream no matmul ran on before leaves its
+cuBLAS workspace, 32 MiB on an H200, which the harness allows any test once). Numbers are
+reported, not judged; the exit status is 0 when every mode built and ran.
 
     python -m cudagraph_vllm_engine.smoke [--modes NONE,PIECEWISE,FULL,FULL_DECODE_ONLY,FULL_AND_PIECEWISE]
-
-Numbers are reported, not judged (the suites judge); the exit status is 0 when every mode built
-and ran.
 """
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""vLLM 0.25's policy code on a machine without a GPU: the `vllm-engine-policy` runtime answers the
-policy questions with the same code as `vllm-engine` (policy.py), so its answers can be checked,
-and compared with vLLM 0.33's (scripts/vllm_versions_compare.py), anywhere vLLM 0.25 imports.
+"""vLLM 0.25's policy code without a GPU, so that `vllm-engine-policy` answers as `vllm-engine` does
+(policy.py) anywhere vLLM 0.25 imports (scripts/vllm_versions_compare.py compares it with 0.33).
 
-Without a GPU vLLM picks a platform with no device type, no graphs and no Triton driver. For as long
-as this runtime lives, two things stand in, each for a device query the config code makes:
-
-- the platform answers as the H200 the vllm-engine lane runs on: device type "cuda", capability
-  9.0, its name and memory, graphs supported, a placeholder graph-pool handle (nothing allocated);
-- vLLM's config module is told Triton is present (`vllm.config.vllm.HAS_TRITON`), as it is on the
-  H200: without it VllmConfig refuses the V2 model runner, which the engine runs.
-
-Nothing else is patched; the rest is vLLM 0.25's own code, called as policy.py calls it.
+Without a GPU vLLM's platform has no device type, graphs or Triton driver. Two device queries of
+the config code are answered as on the H200 the vllm-engine lane runs on, and nothing else:
+the platform (device type "cuda", capability 9.0, name and memory, graphs supported, a placeholder
+graph-pool handle), and Triton present (`vllm.config.vllm.HAS_TRITON`: without it VllmConfig
+refuses the V2 model runner, which the engine runs).
 """
 from __future__ import annotations
 

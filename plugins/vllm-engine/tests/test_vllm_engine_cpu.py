@@ -409,3 +409,33 @@ def test_the_attention_trace_restates_vllms_kernel_rule_and_is_off_unless_asked(
     assert attention_trace.kernel(4, 1, 8, False) == "2d"  # no segment buffers
     monkeypatch.delenv(attention_trace.VARIABLE, raising=False)
     assert attention_trace.install() is False
+
+
+def test_the_attention_trace_logs_each_call_of_the_named_test_with_its_kernel(monkeypatch, tmp_path):
+    """With the variable set, the Triton backend's unified_attention is wrapped (the kit's trace_calls):
+    each call during a test it names is one line of the events file, and the call goes through."""
+    import sys
+    from types import ModuleType
+
+    from cudagraph_vllm_engine import attention_trace
+
+    backend = ModuleType("vllm.v1.attention.backends.triton_attn")
+    backend.unified_attention = lambda **kwargs: "ran"
+    names = ["vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    monkeypatch.setitem(sys.modules, backend.__name__, backend)
+    for parent, child in zip(names, names[1:] + [backend.__name__]):
+        monkeypatch.setattr(sys.modules[parent], child.rpartition(".")[2], sys.modules[child], raising=False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    events = tmp_path / "events.log"
+    monkeypatch.setenv("CUDAGRAPH_VLLM_EVENTS", str(events))
+    monkeypatch.setenv(attention_trace.VARIABLE, "test_traced")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "suites/test_x.py::test_traced[FULL] (call)")
+    assert attention_trace.install() is True
+    buffers = dict.fromkeys(attention_trace.SEGMENT_BUFFERS, 1)
+    assert backend.unified_attention(seqused_k=[5, 6], max_seqlen_q=1, max_seqlen_k=6, seq_threshold_3D=8,
+                                     **buffers) == "ran"
+    line = events.read_text().split(" ", 1)[1]
+    assert line.startswith("attention suites/test_x.py::test_traced[FULL] capturing=False num_seqs=2 max_seqlen_q=1 "
+                           "max_seqlen_k=6 threshold=8 kernel=3d matmul_precision=")
