@@ -11,7 +11,7 @@ captured count).
 Expected values: the runtime's own dispatch() for the adapter count of each batch (the key the
 step reports having run, StepResult.key, is the runtime's word); the graph captures the harness
 counted; an eager step of the same runtime at the same padded shape (the same batch, or the same
-batch with no adapter named); and, for padded rows, the static inputs the engine exposes.
+tokens as new requests naming no adapter); and, for padded rows, the static inputs the engine exposes.
 """
 import pytest
 
@@ -27,7 +27,8 @@ MODES = ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE"]
 # The adapter of each live request: some rows with adapter 1, some with 2, some with none.
 ADAPTERS = [1, None, 2, None, 1, None]
 LENGTHS = [5, 3, 7, 4, 6, 2]
-NO_ADAPTER = "an eager step of the same runtime at the same padded shape with no adapter named"
+NO_ADAPTER = ("an eager step of the same runtime at the same padded shape: the same tokens as new requests "
+              "naming no adapter")
 
 
 def lora_dtypes(engines) -> tuple[str, ...] | None:
@@ -161,16 +162,21 @@ def test_graph_equals_eager_with_adapters_on_some_rows(check, engines, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_adapter_changes_its_own_rows_alone(check, engines, mode):
-    """The same decode batch run eagerly at its served padded shape with its adapters and with none
-    (eager both, so that only the adapters differ; the graph step is held to the eager one by
-    test_graph_equals_eager_with_adapters_on_some_rows): a row whose request names an adapter
-    differs, a row whose request names none is the same bits."""
+    """The same decode batch run eagerly at its served padded shape with its adapters, and as twins:
+    new requests with the same tokens and no adapter, prefilled and decoded the same way (an engine
+    keeps a request's adapter for the request's life, as vLLM's LoRARequest is, so a live request is
+    never asked to drop it). Eager both, so that only the adapters differ; the graph step is held to
+    the eager one by test_graph_equals_eager_with_adapters_on_some_rows. A row whose request names an
+    adapter differs from its twin; a row whose request names none is its twin's bits."""
     engine = lora_engine(engines, mode)
     seqs = live(engines, engine)
     requests = decode(seqs)
     served = engine.step(requests)
-    without = engine.eager_step(decode(seqs, with_adapters=False), served.num_padded_tokens)
-    adapted = engine.eager_step(requests, served.num_padded_tokens)  # last: the KV this step leaves is the adapters'
+    adapted = engine.eager_step(requests, served.num_padded_tokens)
+    release(engine, seqs)
+    twins = [[engines.new_id(), list(tokens), None] for _, tokens, _ in seqs]
+    engine.step([Request(i, tuple(tokens), 0) for i, tokens, _ in twins])  # the same prefill, no adapter
+    without = engine.eager_step(decode(twins), served.num_padded_tokens)
     case = f"{describe_batch(requests)}, {adapters_of(requests)}; eager at {served.num_padded_tokens}"
     scale = float(without.logits.abs().max())
     for row, request in enumerate(requests):
@@ -182,7 +188,7 @@ def test_the_adapter_changes_its_own_rows_alone(check, engines, mode):
             check.that(difference > 1e-3 * scale, source=NO_ADAPTER, case=case,
                        what=f"row {row} names adapter {request.lora}: its logits must differ from the same row without "
                             f"an adapter (largest difference {difference:.3g}, logits up to {scale:.3g})")
-    release(engine, seqs)
+    release(engine, twins)
 
 
 @pytest.mark.requires("input_inspection")
