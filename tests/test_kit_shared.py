@@ -12,7 +12,7 @@ from harness.kit import guard
 from harness.kit.block_book import DEFAULT_KV_TOKENS, BlockBook, num_blocks_for
 from harness.kit.checks import check_built
 from harness.kit.events import EventLog
-from harness.kit.scheduled import greedy_tolerance, not_the_maximum, request_rows
+from harness.kit.scheduled import greedy_misses, greedy_tolerance, not_the_maximum, request_rows
 from harness.protocol import Request
 
 from tests.test_kit_engine import StandIn  # the scheduled-engine stand-in of the kit's own tests
@@ -98,6 +98,15 @@ def test_a_sampled_token_that_is_not_its_rows_maximum_is_found():
     assert not_the_maximum(row.half(), 2, 0.6) is None  # within the tolerance
     assert greedy_tolerance("float32") < greedy_tolerance("float16") < greedy_tolerance("bfloat16")
     assert greedy_tolerance("float8") == greedy_tolerance("bfloat16")
+
+
+def test_greedy_misses_checks_every_picked_row_at_once_and_names_each_miss():
+    logits = torch.tensor([[0.0, 2.0, 1.5], [3.0, 0.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    picks = [(0, 1), (1, 2), (3, 0), (2, 2)]  # rows in any order; the second picks a token 3.0 below the max
+    assert greedy_misses(logits, picks, greedy_tolerance("float32")) == [(1, 0, 3.0)]
+    assert greedy_misses(logits, [(0, 2), (1, 2)], 0.6) == [(1, 0, 3.0)]  # 0.5 below: within 0.6
+    assert greedy_misses(logits, [], 0.0) == []
+    assert greedy_misses(logits.bfloat16(), [(3, 1)], 0.0) == []  # a tie is the maximum
 
 
 # -- the eager step ---------------------------------------------------------------------------------

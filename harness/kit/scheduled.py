@@ -39,12 +39,29 @@ def greedy_tolerance(dtype: str) -> float:
     return GREEDY_TOLERANCE.get(dtype, 0.25)
 
 
+def greedy_misses(logits, picks: list[tuple[int, int]], tolerance: float) -> list[tuple[int, int, float]]:
+    """(i, argmax, gap) for each `picks[i]` = (row, token) where greedy sampling's token is not the
+    maximum of `logits[row]` within `tolerance` (the row read back is not the one sampled from). One
+    gather and one reduction over all picked rows: a check per row in Python costs a real engine's
+    large batches more than its step (reports/h100/engines/README.md)."""
+    if not picks:
+        return []
+    import torch
+
+    rows = torch.tensor([row for row, _ in picks], device=logits.device)
+    tokens = torch.tensor([token for _, token in picks], device=logits.device)
+    chosen = logits.index_select(0, rows).float()
+    best, argmax = chosen.max(dim=-1)
+    gaps = best - chosen.gather(1, tokens[:, None]).squeeze(1)
+    missed = (gaps > tolerance).nonzero().flatten().tolist()
+    return [(i, int(argmax[i]), round(float(gaps[i]), 4)) for i in missed]
+
+
 def not_the_maximum(row, token: int, tolerance: float) -> tuple[int, float] | None:
     """(argmax, gap) where greedy sampling's `token` is not the maximum of its logits `row` within
-    `tolerance` (the row read back is not the one sampled from), else None."""
-    row = row.float()
-    gap = float(row.max() - row[token])
-    return (int(row.argmax()), round(gap, 4)) if gap > tolerance else None
+    `tolerance`, else None: `greedy_misses` for one row."""
+    missed = greedy_misses(row[None], [(0, token)], tolerance)
+    return missed[0][1:] if missed else None
 
 
 def request_rows(batch_ids: list, starts, planned, id_of, engine_name: str = "the engine",
@@ -149,5 +166,5 @@ class ScheduledEngine:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "ScheduledEngine", "request_rows", "greedy_tolerance", "not_the_maximum",
+    "ScheduledEngine", "request_rows", "greedy_tolerance", "greedy_misses", "not_the_maximum",
 ]

@@ -253,7 +253,7 @@ class LmdeployEngine(ScheduledEngine):
         elif record.padded is None:
             problems.append("no forward path of LMDeploy's graph runner ran")
         if not problems:
-            slots = from_record(record).slot_mapping(self.block_size)
+            slots = from_record(record, self.block_size).slot_mapping(self.block_size)
             row = 0
             for q in planned:
                 want = [self.requests.slot(q.request_id, q.context_len + j) for j in range(q.num_new)]

@@ -47,15 +47,18 @@ class Seen:
                 "not_exposed": {"query_start_loc": QUERY_STARTS_NOT_EXPOSED}}
 
 
-def from_graph(graph_meta) -> Seen:
+def from_graph(graph_meta, block_size: int | None = None) -> Seen:
     """A graph's static inputs (CudaGraphMixin.make_buffers_cudagraph): input_ids and position_ids
     of its token capacity, qkv_lens = (q_start_loc, q_seqlens, kv_seqlens) and block_offsets of its
     batch capacity, padded rows included (fill_graph_common_inputs gives them q_len 1, kv_len 1 and
-    block 0)."""
+    block 0). With `block_size`, only the block columns the rows' kv lengths reach (all that attention
+    reads): the whole table is a row per graph row and a column per KV block, and copying it back took
+    a batch-256 step longer than the step (reports/h100/engines/README.md)."""
     buffers, tokens, rows = graph_meta.input_buffers, int(graph_meta.max_tokens), int(graph_meta.max_batchs)
     _, q_len, kv_len = buffers["qkv_lens"][:, :rows].tolist()
+    columns = None if block_size is None else max(1, -(-max(kv_len, default=1) // block_size))
     return Seen(buffers["input_ids"][0, :tokens], buffers["position_ids"][0, :tokens], q_len, kv_len,
-                buffers["block_offsets"][:rows].tolist())
+                buffers["block_offsets"][:rows, :columns].tolist())
 
 
 def from_eager(kwargs) -> Seen:
@@ -65,9 +68,10 @@ def from_eager(kwargs) -> Seen:
                 meta.block_offsets.tolist())
 
 
-def from_record(record) -> Seen:
+def from_record(record, block_size: int | None = None) -> Seen:
+    """The step's inputs; with `block_size`, a graph step's block table cut to the columns read (from_graph)."""
     if record.graph_inputs is not None:
-        return from_graph(record.graph_inputs[0])
+        return from_graph(record.graph_inputs[0], block_size)
     if record.eager_inputs is not None:
         return from_eager(record.eager_inputs)
     raise RuntimeError("the step left no inputs to read: LMDeploy's forward filled no graph buffers and ran no eager "

@@ -171,6 +171,8 @@ def test_after_capture_a_decode_step_replays_the_padded_graph_and_its_inputs_are
     seen = from_graph(record.graph_inputs[0])
     assert seen.token_ids[:3].tolist() == [1, 2, 3] and seen.positions[:3].tolist() == [3, 5, 2]
     assert seen.slot_mapping(BLOCK) == [3, 16 + 5, 32 + 2, PADDING_SLOT]  # the padded row writes LMDeploy's sink
+    cut = from_graph(record.graph_inputs[0], BLOCK)  # the step check's read: only the block columns kv reaches
+    assert cut.slot_mapping(BLOCK) == seen.slot_mapping(BLOCK) and len(cut.block_offsets[0]) == 1 < len(seen.block_offsets[0])
     rows = seen.request_rows(BLOCK)  # numbered as slot_of(): LMDeploy's blocks less the reserved one
     assert rows["seq_lens"].tolist() == [4, 6, 3, 1] and rows["padding_block"] == -1
     assert rows["block_tables"][:, 0].tolist() == [0, 1, 2, -1] and "query_start_loc" in rows["not_exposed"]
@@ -244,7 +246,7 @@ def test_a_step_that_is_not_what_lmdeploy_ran_fails_loudly(monkeypatch, broken):
         record.decoding = False
     elif broken == "graph-not-taken":
         record.path = "NONE"
-    monkeypatch.setattr("cudagraph_lmdeploy_engine.engine.from_record", lambda record: seen)
+    monkeypatch.setattr("cudagraph_lmdeploy_engine.engine.from_record", lambda record, block_size=None: seen)
     if broken is None:
         engine._check(record, planned, True)
         return

@@ -11,7 +11,7 @@ drafts, handed over as vLLM's scheduler hands drafts (`scheduled_spec_decode_tok
 from __future__ import annotations
 
 from harness import protocol as p
-from harness.kit.scheduled import greedy_tolerance, not_the_maximum
+from harness.kit.scheduled import greedy_misses, greedy_tolerance
 
 from cudagraph_vllm_engine import settings
 from cudagraph_vllm_engine.engine import EngineError, VllmEngine, request_rows
@@ -181,8 +181,7 @@ class VllmV1Engine(VllmEngine):
     def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
         """Greedy sampling: each token vLLM sampled is the argmax of its row. A verify step's tokens are
         the accepted drafts and one more, row by row from its first; another request's is its last row's."""
-        tolerance = greedy_tolerance(self.config.dtype)
-        row, bad, accepted = 0, [], {}
+        row, picked, accepted = 0, [], {}
         for q, span in rows:
             first, row = row, row + len(span)
             tokens = list(by_id.get(q.vllm_id) or [])
@@ -194,9 +193,9 @@ class VllmV1Engine(VllmEngine):
                 pairs = list(zip(range(first, first + len(tokens)), tokens))
             else:
                 pairs = [(row - 1, tokens[-1])] if tokens else []
-            for index, token in pairs:
-                if miss := not_the_maximum(logits[index], token, tolerance):
-                    bad.append((q.vllm_id, index - first, token, *miss))
+            picked += [(q.vllm_id, index - first, index, token) for index, token in pairs]
+        misses = greedy_misses(logits, [(index, token) for *_, index, token in picked], greedy_tolerance(self.config.dtype))
+        bad = [(picked[i][0], picked[i][1], picked[i][3], argmax, gap) for i, argmax, gap in misses]
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
                                f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")

@@ -17,7 +17,7 @@ from harness import protocol as p
 from harness.kit import scheduled
 from harness.kit.block_book import num_blocks_for
 from harness.kit.guard import cached_memory_returned
-from harness.kit.scheduled import ScheduledEngine, greedy_tolerance, not_the_maximum
+from harness.kit.scheduled import ScheduledEngine, greedy_misses, greedy_tolerance
 
 from . import attention_trace, release, settings
 from .policy import graph_descriptors, sizes_with_graphs
@@ -271,13 +271,13 @@ class VllmEngine(ScheduledEngine):
                                f"took the {record.path} path at {padded}")
         self._check_slots(record, rows)
         by_id = dict(zip(sampled.req_ids, sampled.sampled_token_ids))
-        row, bad = 0, []
-        tolerance = greedy_tolerance(self.config.dtype)
+        row, picked = 0, []  # each request's last logits row (logits are in request order) and its sampled token
         for q, span in rows:
             row += len(span)
-            tokens = by_id.get(q.vllm_id) or []
-            if tokens and (miss := not_the_maximum(logits[row - 1], tokens[-1], tolerance)):
-                bad.append((q.vllm_id, tokens[-1], *miss))
+            if by_id.get(q.vllm_id):
+                picked.append((q.vllm_id, row - 1, by_id[q.vllm_id][-1]))
+        misses = greedy_misses(logits, [(row, token) for _, row, token in picked], greedy_tolerance(self.config.dtype))
+        bad = [(picked[i][0], picked[i][2], argmax, gap) for i, argmax, gap in misses]
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
                                f"(request, sampled, argmax, gap): {bad}: the rows were misread")
