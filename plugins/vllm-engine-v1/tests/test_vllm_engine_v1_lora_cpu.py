@@ -111,3 +111,17 @@ def test_adapters_in_a_dtype_vllms_lora_kernels_refuse_are_refused_before_buildi
     with pytest.raises(ValueError, match="float32: vLLM 0.25's LoRA kernels take bfloat16 or float16 only"):
         v1_lora.lora_args(policy, adapters, "float32")
     assert v1_lora.lora_args(policy, adapters, "bfloat16")["enable_lora"] is True
+
+
+def test_a_live_request_cannot_change_its_adapter_as_vllm_keeps_the_first():
+    from cudagraph_vllm_engine.requests import Requests
+
+    book = Requests(num_blocks=16, block_size=4, vocab=100, max_len=64, max_seqs=4, max_tokens=32)
+    book.commit(book.plan([Request(1, (5, 6), 0, lora=1), Request(2, (7,), 0)]))
+    book.commit(book.plan([Request(1, (8,), 2, lora=1), Request(2, (9,), 1)]))  # the same adapters: fine
+    with pytest.raises(ValueError, match=r"request 1 was admitted with LoRA adapter 1 and now names None"):
+        book.plan([Request(1, (9,), 3)])
+    with pytest.raises(ValueError, match=r"request 2 was admitted with LoRA adapter None and now names 2"):
+        book.plan([Request(2, (3,), 2, lora=2)])
+    book.release(1)
+    assert book.plan([Request(1, (5,), 0, lora=2)])[0].lora == 2  # a new request under the old id: a new adapter

@@ -13,6 +13,8 @@ from harness.kit.block_book import BlockBook, Live as BookLive
 @dataclass
 class Live(BookLive):
     vllm_id: str = ""
+    placed: bool = False  # sent to vLLM at least once: its adapter is then vLLM's for the request's life
+    lora: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,16 @@ class Requests(BlockBook):
         return Live(vllm_id=f"req-{request_id}")
 
     def placed(self, request, live, tokens) -> Planned:
+        lora = getattr(request, "lora", None)
+        if live.placed and lora != live.lora:
+            raise ValueError(f"request {request.request_id} was admitted with LoRA adapter {live.lora} and now names "
+                             f"{lora}: vLLM keeps a request's adapter for its life (a resumed request's adapter is "
+                             "not read again, vllm/v1/worker/gpu_model_runner.py _update_streaming_request); release "
+                             "it and admit a new request for another adapter")
+        live.placed, live.lora = True, lora
         history = tuple(live.tokens[:request.context_len])
         return Planned(request.request_id, live.vllm_id, history + tokens, request.context_len, len(tokens),
-                       tuple(live.blocks), getattr(request, "lora", None))
+                       tuple(live.blocks), lora)
 
     def release(self, request_id: int) -> Live | None:
         live = super().release(request_id)
