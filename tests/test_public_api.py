@@ -171,3 +171,24 @@ def test_a_name_that_moved_module_still_reads_at_its_old_path_with_a_deprecation
         assert value is getattr(importlib.import_module(new_module), name)
     with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
         importlib.import_module("harness.runtime.observe").NotAName
+
+
+def test_a_plugins_moved_module_is_its_new_module_with_a_deprecation(tmp_path, monkeypatch):
+    """harness.moved.module_moved, as a plugin's shim at an old path calls it (plugins/vllm-engine's
+    v1_* modules are such shims; plugins/vllm-engine-v1/tests/test_old_paths.py holds them to it)."""
+    (tmp_path / "new_home_mod.py").write_text("VALUE = 42\n")
+    (tmp_path / "old_home_mod.py").write_text(
+        "from harness.moved import module_moved\n\nmodule_moved(__name__, 'new_home_mod', since='9.9.0')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import old_home_mod  # noqa: F401 - the shim's import is the test
+    assert sys.modules["old_home_mod"] is importlib.import_module("new_home_mod")
+    assert sys.modules["old_home_mod"].VALUE == 42
+    assert [w.category for w in caught] == [DeprecationWarning]
+    message = str(caught[0].message)
+    assert "old_home_mod moved to new_home_mod in 9.9.0" in message and moved.NAMES_REMOVED_IN in message
+    assert caught[0].filename == __file__  # blamed on the importer
+    assert moved.MODULES_MOVED.pop("old_home_mod") == ("new_home_mod", "9.9.0")
+    for name in ("old_home_mod", "new_home_mod"):
+        sys.modules.pop(name, None)
