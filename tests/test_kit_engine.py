@@ -236,3 +236,17 @@ def test_collected_warnings_keep_each_warning_naming_the_word_once_and_only_whil
         engine_log.info("cudagraph capture took 2 s")  # below WARNING
     engine_log.warning("cudagraph after the block")
     assert messages == ["CUDAGraph mode FULL is not supported; using PIECEWISE"]
+
+
+def test_collected_warnings_hear_an_engine_logger_set_above_warning_and_leave_its_level_as_it_was():
+    """VLLM_LOGGING_LEVEL=ERROR sets vLLM's logger above WARNING: its downgrade warnings must still be heard."""
+    import logging
+
+    from harness.kit.events import collected_warnings
+
+    engine_log = logging.getLogger("kit_test_quiet_engine")
+    engine_log.setLevel(logging.ERROR)
+    with collected_warnings("kit_test_quiet_engine", "cudagraph") as messages:
+        engine_log.warning("cudagraph mode FULL overridden to PIECEWISE")
+    assert messages == ["cudagraph mode FULL overridden to PIECEWISE"]
+    assert engine_log.level == logging.ERROR

@@ -80,13 +80,19 @@ class _Collected(logging.Handler):
 
 @contextmanager
 def collected_warnings(logger: str, word: str):
-    """The engine's warnings (WARNING or above on `logger`) that name `word`, each once, while active."""
-    handler = _Collected(word)
-    logging.getLogger(logger).addHandler(handler)
+    """The engine's warnings (WARNING or above on `logger`) that name `word`, each once, while active.
+    A logger set above WARNING (VLLM_LOGGING_LEVEL=ERROR, say) is lowered to WARNING meanwhile: its
+    level filters records before any handler sees them, and a downgrade's warning is the engine's word."""
+    engine_logger = logging.getLogger(logger)
+    handler, level = _Collected(word), engine_logger.level
+    engine_logger.addHandler(handler)
+    if level > logging.WARNING:
+        engine_logger.setLevel(logging.WARNING)
     try:
         yield handler.messages
     finally:
-        logging.getLogger(logger).removeHandler(handler)
+        engine_logger.removeHandler(handler)
+        engine_logger.setLevel(level)
 
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).

@@ -21,6 +21,7 @@ import weakref
 from pathlib import Path
 
 from harness import protocol as p
+from harness.kit.checks import require_cuda
 
 from cudagraph_vllm_engine import settings
 from cudagraph_vllm_engine.policy import VERSION
@@ -66,25 +67,13 @@ class VllmEngineV1PolicyRuntime(_Policy):
     def __init__(self):
         settings.apply_environment()
         force_v1_runner()
-        import torch
-        import vllm
-
-        from cudagraph_vllm_engine.policy import check_version
-
         from .policy import VllmV1Policy
 
-        check_version(vllm.__version__)
-        if not torch.cuda.is_available():
-            from cudagraph_vllm_engine.without_gpu import stand_in_for_an_h200
-
-            stand_in_for_an_h200()
-        self.policy = VllmV1Policy()
-        with settings.process_state_restored():
-            self.policy.answer(p.PolicyConfig(rules=RULES))
-        self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner, policy only)"
+        vllm_version = self._start_policy(VllmV1Policy, RULES)
+        self.version = f"{__version__} (vLLM {vllm_version}, V1 model runner, policy only)"
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, speculative=True,
-            notes=f"vLLM {vllm.__version__}'s own policy code (policy.py) for its V1 model runner: "
+            notes=f"vLLM {vllm_version}'s own policy code (policy.py) for its V1 model runner: "
                   "CudagraphDispatcher's keys and dispatch, resolution with use_v2_model_runner=False")
 
 
@@ -95,21 +84,11 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
     def __init__(self):
         settings.apply_environment()
         force_v1_runner()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise p.RuntimeUnavailable("vllm-engine-v1 runs vLLM on a CUDA GPU, and torch sees none here")
-        import vllm
-
-        from cudagraph_vllm_engine.policy import check_version
-
+        require_cuda("vllm-engine-v1", "vLLM")
         from .policy import VllmV1Policy
 
-        check_version(vllm.__version__)
-        self.policy = VllmV1Policy()
-        with settings.process_state_restored():
-            self.policy.answer(p.PolicyConfig(rules=RULES))
-        self.version = f"{__version__} (vLLM {vllm.__version__}, V1 model runner)"
+        vllm_version = self._start_policy(VllmV1Policy, RULES)
+        self.version = f"{__version__} (vLLM {vllm_version}, V1 model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
             capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
@@ -117,7 +96,7 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic, declarations={"lora_dtypes": LORA_DTYPES},
             memory_kept_per_build=self.MEMORY_KEPT,
-            notes=NOTES.format(vllm=vllm.__version__, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
+            notes=NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
                                why=PRECISION_WHY[arithmetic]))
         self.engines_built = 0
         self.live = weakref.WeakSet()

@@ -50,7 +50,7 @@ class _Policy(PolicyDelegate):
 
     policy: VllmPolicy
 
-    def _start_policy(self) -> str:
+    def _start_policy(self, policy_class=VllmPolicy, rules: str = f"vllm-{VERSION}/v2") -> str:
         """vLLM imported and its release checked, the policy made and asked once; returns vLLM's version.
         Without a GPU (a policy runtime only: an engine runtime requires one) without_gpu.py stands in."""
         import torch
@@ -59,9 +59,9 @@ class _Policy(PolicyDelegate):
         check_version(vllm.__version__)
         if not torch.cuda.is_available():
             stand_in_for_an_h200()
-        self.policy = VllmPolicy()
+        self.policy = policy_class()
         with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(rules=f"vllm-{VERSION}/v2"))  # imported (vllm/env_override.py): here, not in a test
+            self.policy.answer(p.PolicyConfig(rules=rules))  # imported (vllm/env_override.py): here, not in a test
         return vllm.__version__
 
 
