@@ -101,7 +101,8 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
         self.engines_built = 0
         self.live = weakref.WeakSet()
 
-    # Not measured for V1 yet: V2's figure (reports/h200/vllm/run_16062a0/smoke.log) until the V1 lane's smoke says.
+    # V2's bound: the V1 lane's smoke measures what each closed V1 engine keeps, within it
+    # (reports/h100/vllm-v1/run_678fe06/smoke.log, "SMOKE memory").
     MEMORY_KEPT = 192 << 20
 
     def build(self, config: p.EngineConfig):
