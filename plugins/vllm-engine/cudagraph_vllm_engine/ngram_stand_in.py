@@ -1,4 +1,2 @@
-"""Moved to cudagraph_vllm_engine_v1.ngram_stand_in (plugins/vllm-engine-v1) in 0.5.0."""
-from harness.moved import module_moved
-
+from harness.moved import module_moved  # 0.4.0's path of plugins/vllm-engine-v1's module, until 0.6.0
 module_moved(__name__, "cudagraph_vllm_engine_v1.ngram_stand_in", since="0.5.0")
