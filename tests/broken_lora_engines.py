@@ -77,6 +77,27 @@ AdapterOnTheWrongRequest = mutant(
     "adapter-on-the-wrong-request", "AdapterOnTheWrongRequest", with_planner(_AdaptersReversed),
     "Each request runs the adapter of another (its mirror row), in graph and eager steps alike.")
 
+class _GraphSlotsMissTheLastAdapter(Wrapped):
+    """A graph step with adapter-free rows beside k adapters runs the adapter op over k slots, one of
+    them the no-adapter id's: the rows of the highest adapter get none (eager steps apply every one).
+    The class vLLM 0.25's V1 runner showed with specialize_active_lora (reports/h100/vllm-v1/README.md)."""
+
+    def plan(self, requests, captured):
+        plan = self.inner.plan(requests, captured)
+        real = plan.lora_ids[:plan.num_real_tokens]
+        adapters = {a for a in real if a}
+        if adapters and len(adapters) < len(real) and 0 in real:
+            last = max(adapters)
+            plan.lora_ids[:plan.num_real_tokens] = [0 if a == last else a for a in real]
+        return plan
+
+
+GraphSlotsMissTheLastAdapter = mutant(
+    "graph-slots-miss-the-last-adapter", "GraphSlotsMissTheLastAdapter", with_planner(_GraphSlotsMissTheLastAdapter),
+    "Graph steps mixing adapter-free rows with adapters leave the highest adapter's rows without it; eager "
+    "steps are right.")
+
+
 class _OneGraphForEveryAdapterCount(CapturedGraphs):
     """Captures one graph with the adapter op per size and reuses it for every adapter count (its
     outputs are right: the op reads each row's adapter), so the keys outnumber the graphs."""
@@ -103,4 +124,5 @@ LoraDtypesDeclaredNotHeld = type("LoraDtypesDeclaredNotHeld", (ReferenceRuntime,
     "__doc__": "Declares it runs adapters in float16 and bfloat16 only, yet builds a LoRA engine in float32 "
                "(the engine a real one would fail inside its kernels at capture)."})
 
-MUTANTS = [LoraDtypesDeclaredNotHeld, GraphSharedAcrossAdapterCounts, GraphsWithoutAdapters, KeyIgnoresAdapterCount, PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest]
+MUTANTS = [LoraDtypesDeclaredNotHeld, GraphSharedAcrossAdapterCounts, GraphsWithoutAdapters, KeyIgnoresAdapterCount,
+           PaddedRowsRunAnAdapter, AdapterOnTheWrongRequest, GraphSlotsMissTheLastAdapter]
