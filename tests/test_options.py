@@ -50,7 +50,7 @@ def test_every_registered_option_has_a_bad_value_row(pytestconfig):
     assert not unchecked, f"options neither checked in harness/session/options.py nor said free there: {unchecked}"
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+def run_pytest(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     file = tmp_path / "a-file"
     file.write_text("")
     args = [arg.replace("{file}", str(file)) for arg in args]
@@ -61,7 +61,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args", [args for args in BAD.values() if args] + MORE, ids=" ".join)
 def test_a_bad_value_is_one_line_and_exit_4(args, tmp_path):
-    result = _run(args, tmp_path)
+    result = run_pytest(args, tmp_path)
     output = (result.stdout + result.stderr).strip()
     assert result.returncode == 4, output[-2000:]
     assert "Traceback" not in output and "INTERNALERROR" not in output, output[-2000:]
