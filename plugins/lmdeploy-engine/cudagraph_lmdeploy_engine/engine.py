@@ -177,15 +177,13 @@ class LmdeployEngine(ScheduledEngine):
 
     # -- steps --------------------------------------------------------------------------------
     def eager_step(self, requests, num_padded_tokens: int) -> p.StepResult:
+        """The kit's eager step, padded only where LMDeploy pads: a decode step (one token a request)."""
         requests = list(requests)
         tokens = sum(len(r.token_ids) for r in requests)
-        decode = bool(requests) and all(len(r.token_ids) == 1 for r in requests)
-        limit = self.requests.max_tokens
-        if not tokens <= num_padded_tokens <= limit or (num_padded_tokens != tokens and not decode):
-            raise ValueError(f"eager_step at {num_padded_tokens} tokens for a step of {tokens}: it must hold the step, "
-                             f"stay within max_num_batched_tokens={limit}, and pad only a decode step (one token a "
-                             "request): LMDeploy runs every other step unpadded")
-        return self._forward_step(requests, eager_size=num_padded_tokens)
+        if num_padded_tokens != tokens and not (requests and all(len(r.token_ids) == 1 for r in requests)):
+            raise ValueError(f"eager_step at {num_padded_tokens} tokens for a step of {tokens}: LMDeploy pads only a "
+                             "decode step (one token a request) and runs every other step unpadded")
+        return super().eager_step(requests, num_padded_tokens)
 
     # ScheduledEngine's step: plan, LMDeploy's forward on ModelInputs, logits read back, checked.
     def guarded(self):

@@ -317,3 +317,12 @@ def test_without_a_gpu_the_runtime_says_why_it_cannot_start(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*cannot start here*CUDA GPU*torch sees none*"])
     assert "Traceback" not in result.stderr.str()  # a refusal, not a bug: the reason alone
+
+
+def test_an_eager_step_is_padded_only_where_lmdeploy_pads_and_within_its_token_limit():
+    engine = LmdeployEngine.__new__(LmdeployEngine)
+    engine.requests = SimpleNamespace(max_tokens=8, TOKEN_LIMIT="max_num_batched_tokens")
+    with pytest.raises(ValueError, match="LMDeploy pads only a decode step"):
+        engine.eager_step([Request(1, (5, 6, 7), 0)], 4)  # a prefill padded
+    with pytest.raises(ValueError, match="static buffers of max_num_batched_tokens=8"):
+        engine.eager_step([Request(1, (5,), 3), Request(2, (6,), 3)], 16)  # a decode step past the limit
