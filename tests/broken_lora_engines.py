@@ -78,8 +78,9 @@ AdapterOnTheWrongRequest = mutant(
     "Each request runs the adapter of another (its mirror row), in graph and eager steps alike.")
 
 class _GraphSlotsMissTheLastAdapter(Wrapped):
-    """A graph step with adapter-free rows beside k adapters runs the adapter op over k slots, one of
-    them the no-adapter id's: the rows of the highest adapter get none (eager steps apply every one).
+    """A planned step (graph steps; eager_step plans apart) with adapter-free rows beside k adapters runs
+    the adapter op over k slots, one of them the no-adapter id's: the rows of the highest adapter get
+    none, while eager steps apply every one.
     The class vLLM 0.25's V1 runner showed with specialize_active_lora (reports/h100/vllm-v1/README.md)."""
 
     def plan(self, requests, captured):
