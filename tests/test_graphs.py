@@ -411,3 +411,21 @@ def test_steps_in_a_stream_are_timed_per_step_behind_a_first_untimed_one(monkeyp
     assert 2.0 <= per_step < 10.0  # milliseconds per timed step: neither per run of four nor the first step's
 
 
+
+
+def test_most_keeps_the_largest_count_of_each_field():
+    """A count that saw fewer launches than another of the same call (a profile that missed some)
+    never decides: the larger is kept, field by field."""
+    from harness.graphs import counting
+
+    x, calls = torch.ones(4), []
+
+    def fn():
+        calls.append(1)
+        for _ in range(3 if len(calls) == 2 else 1):  # the second call does more
+            x.add(1)
+
+    counted = counting.most(fn, "cpu")
+    assert len(calls) == 2
+    assert counted.kernels == counting.count(lambda: [x.add(1) for _ in range(3)], "cpu").kernels == 3
+    assert counted.graphs == 0 and counted.ops_in_graphs == 0

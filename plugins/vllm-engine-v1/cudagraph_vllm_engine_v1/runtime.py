@@ -26,7 +26,7 @@ from harness.kit.checks import require_cuda
 from cudagraph_vllm_engine import settings
 from cudagraph_vllm_engine.policy import VERSION
 from cudagraph_vllm_engine.runtime import KNOWN_FAILURES as POLICY_KNOWN_FAILURES
-from cudagraph_vllm_engine.runtime import PRECISION_WHY, VllmEngineRuntime, _Policy, precision
+from cudagraph_vllm_engine.runtime import MEMORY_KEPT_PER_BUILD, PRECISION_WHY, VllmEngineRuntime, _Policy, precision
 
 from . import __version__
 from .lora import LORA_DTYPES, lora_args
@@ -95,15 +95,13 @@ class VllmEngineV1Runtime(VllmEngineRuntime):
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
             outputs_alias_graph_buffers=False, precision=arithmetic, declarations={"lora_dtypes": LORA_DTYPES},
-            memory_kept_per_build=self.MEMORY_KEPT,
+            # V2's bound: the V1 lane's smoke measures what each closed V1 engine keeps, within it
+            # (reports/h100/vllm-v1/run_678fe06/smoke.log, "SMOKE memory").
+            memory_kept_per_build=MEMORY_KEPT_PER_BUILD,
             notes=NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
                                why=PRECISION_WHY[arithmetic]))
         self.engines_built = 0
         self.live = weakref.WeakSet()
-
-    # V2's bound: the V1 lane's smoke measures what each closed V1 engine keeps, within it
-    # (reports/h100/vllm-v1/run_678fe06/smoke.log, "SMOKE memory").
-    MEMORY_KEPT = 192 << 20
 
     def build(self, config: p.EngineConfig):
         from .engine import VllmV1Engine
