@@ -50,11 +50,16 @@ MOVED = {
 MOVED_IN = {"harness.scenarios.ranks": "0.4.0", "harness.reliability.supervisor": "0.4.0"}  # else SINCE
 
 
+def deprecation(old: str, use: str, until: str, moved_in: str | None = None) -> str:
+    """Every deprecation's words: the old name, what to use instead (where it moved, in which
+    release), and the earliest release that may drop it."""
+    head = f"{old} moved to {use} in {moved_in}; import {use} instead" if moved_in else f"{old} is deprecated: use {use}"
+    return f"{head} ({old} may be removed in {until}; see CHANGELOG.md)"
+
+
 def message(old: str) -> str:
-    since = MOVED_IN.get(old, SINCE)
     until = NAMES_REMOVED_IN if old in MOVED_IN else REMOVED_IN
-    return (f"{old} moved to {MOVED[old]} in harness {since}; import {MOVED[old]} instead "
-            f"({old} may be removed in {until}; see CHANGELOG.md)")
+    return deprecation(old, MOVED[old], until, f"harness {MOVED_IN.get(old, SINCE)}")
 
 
 # The old paths imported in this process. A runtime is imported while pytest configures, before
@@ -99,8 +104,7 @@ def names_moved(old_module: str, new_module: str, names: tuple[str, ...], since:
     def __getattr__(name: str):
         if name not in names:
             raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
-        warnings.warn(f"{old_module}.{name} moved to {new_module}.{name} in harness {since}; import it from "
-                      f"{new_module} ({old_module}.{name} may be removed in {NAMES_REMOVED_IN}; see CHANGELOG.md)",
+        warnings.warn(deprecation(f"{old_module}.{name}", f"{new_module}.{name}", NAMES_REMOVED_IN, f"harness {since}"),
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(new_module), name)
     return __getattr__
@@ -115,16 +119,14 @@ def module_moved(old: str, new: str, since: str):
     """Make the module `old` (being imported now) the module `new`, with a DeprecationWarning naming it,
     until NAMES_REMOVED_IN; returns the new module."""
     MODULES_MOVED[old] = (new, since)
-    warnings.warn(f"{old} moved to {new} in {since}; import {new} instead ({old} may be removed in "
-                  f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=3)
+    warnings.warn(deprecation(old, new, NAMES_REMOVED_IN, since), DeprecationWarning, stacklevel=3)
     module = importlib.import_module(new)
     sys.modules[old] = module
     return module
 
 
 def name_message(owner: str, old: str, new: str) -> str:
-    return (f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
-            f"{NAMES_REMOVED_IN}; see CHANGELOG.md)")
+    return deprecation(f"{owner}.{old}", f"{owner}.{new}", NAMES_REMOVED_IN)
 
 
 def renamed(**old_to_new: str):

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
-from harness.moved import NAMES_REMOVED_IN, REPLACED, renamed
+from harness.moved import NAMES_REMOVED_IN, REPLACED, deprecation, name_message, renamed
 from harness.vocabulary import CONFIG_MODES, RUNTIME_MODES, SUPPORT_LEVELS  # noqa: F401 (re-exported)
 from harness.vocabulary import SPEC_RELEASE, VLLM_RELEASES, parse_rules, rules_name
 
@@ -110,8 +110,8 @@ class Capabilities:
         """Whether a switch is on: an operation, a true fact, or `vllm_rules` (the rules are vLLM's)."""
         if name in OLD_SWITCHES:
             new = OLD_SWITCHES[name]
-            warnings.warn(f"Capabilities.has({name!r}) is deprecated: use {new} ({name!r} may be removed in "
-                          f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=2)
+            warnings.warn(deprecation(f"Capabilities.has({name!r})", new, NAMES_REMOVED_IN), DeprecationWarning,
+                          stacklevel=2)
             return self.vllm_release is not None if name == "vllm_policy" else self.declares(name)
         if name == "vllm_rules":
             return self.vllm_release is not None
@@ -183,8 +183,7 @@ def _capabilities_from_old(kwargs: dict) -> dict:
 
 
 def _warn(owner: str, old: str, new: str, stacklevel: int) -> None:
-    warnings.warn(f"{owner}.{old} is deprecated: use {owner}.{new} ({owner}.{old} may be removed in "
-                  f"{NAMES_REMOVED_IN}; see CHANGELOG.md)", DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(name_message(owner, old, new), DeprecationWarning, stacklevel=stacklevel)
 
 
 def _old_reader(owner: str, old: str, new: str, read):
