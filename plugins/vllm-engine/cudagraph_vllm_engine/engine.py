@@ -19,7 +19,7 @@ from harness.kit.block_book import num_blocks_for
 from harness.kit.guard import cached_memory_returned
 from harness.kit.scheduled import ScheduledEngine, greedy_misses, greedy_tolerance
 
-from . import attention_trace, release, settings
+from . import release, settings
 from .policy import graph_descriptors, sizes_with_graphs
 from .observer import StepObserver
 from .requests import Requests
@@ -87,7 +87,6 @@ class VllmEngine(ScheduledEngine):
 
         config, label = self.config, self.label
         policy = config.policy
-        attention_trace.install()  # only where CUDAGRAPH_VLLM_ATTENTION_TRACE asks for it
         args = self._engine_args(config)
         with settings.collect_cudagraph_warnings() as warnings, settings.timed(f"build {label}"), \
                 settings.process_state_restored():

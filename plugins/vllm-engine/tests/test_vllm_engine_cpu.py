@@ -4,6 +4,7 @@ the checks that fail a step loudly (engine.py), and the runtime's refusal to sta
 What only a GPU with vLLM can show is in test_vllm_engine_gpu.py."""
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -396,11 +397,21 @@ def test_an_engine_that_is_not_what_the_policy_answers_is_closed_and_refused(mon
     assert closed == ["engine #1 FULL_AND_PIECEWISE float32 seqs=8 tokens=64"]
 
 
+def attention_trace_probe():
+    """The probe beside the report it produced (reports/h200/vllm/attention_trace_probe.py)."""
+    import importlib.util
+
+    path = Path(__file__).parents[3] / "reports" / "h200" / "vllm" / "attention_trace_probe.py"
+    spec = importlib.util.spec_from_file_location("attention_trace_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_attention_trace_restates_vllms_kernel_rule_and_is_off_unless_asked(monkeypatch):
     """The split (3D) kernel only for decode batches of at most `threshold` sequences with its
     buffers allocated (vLLM 0.25's use_3d); without the variable nothing is wrapped."""
-    from cudagraph_vllm_engine import attention_trace
-
+    attention_trace = attention_trace_probe()
     assert attention_trace.kernel(4, 1, 8, True) == "3d"
     assert attention_trace.kernel(8, 1, 8, True) == "3d"
     assert attention_trace.kernel(9, 1, 8, True) == "2d"  # more sequences than the threshold
@@ -417,7 +428,7 @@ def test_the_attention_trace_logs_each_call_of_the_named_test_with_its_kernel(mo
     import sys
     from types import ModuleType
 
-    from cudagraph_vllm_engine import attention_trace
+    attention_trace = attention_trace_probe()
 
     backend = ModuleType("vllm.v1.attention.backends.triton_attn")
     backend.unified_attention = lambda **kwargs: "ran"

@@ -1,4 +1,9 @@
-"""Which of Triton attention's two kernels each call takes: a probe, off unless asked for.
+"""Which of Triton attention's two kernels each call takes: the probe behind run_9569f4d/events.log
+(its `attention` lines), which refuted the 2D/3D lead (README.md, "The lane at 9569f4d"). It ran from
+the engine's build then; now it is a pytest plugin, off unless asked for:
+
+    CUDAGRAPH_VLLM_ATTENTION_TRACE=rows_follow PYTHONPATH=reports/h200/vllm:$PYTHONPATH \
+        python -m pytest -p attention_trace_probe suites/test_replay_equivalence.py --runtime vllm-engine
 
 vLLM 0.25's `unified_attention` launches a 2D kernel or a 3D one that splits each sequence's KV in
 segments (a different reduction order), by the rule `kernel()` restates (`use_3d` in
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from . import settings
+from cudagraph_vllm_engine import settings
 
 VARIABLE = "CUDAGRAPH_VLLM_ATTENTION_TRACE"
 SEGMENT_BUFFERS = ("num_par_softmax_segments", "softmax_segm_output", "softmax_segm_max", "softmax_segm_expsum")
@@ -42,3 +47,10 @@ def install() -> bool:
     import vllm.v1.attention.backends.triton_attn as backend
 
     return settings.EVENTS.trace_calls(backend, "unified_attention", VARIABLE, "attention", describe)
+
+
+def pytest_configure(config) -> None:
+    """Installed before any engine is built, once vLLM's environment is set (vLLM reads it at import)."""
+    if os.environ.get(VARIABLE):
+        settings.apply_environment()
+        install()
