@@ -276,7 +276,8 @@ def test_a_hang_in_native_code_ends_the_process_with_a_report(pytester, hostile,
     """, "--test-timeout", "2", "-p", "no:xdist", supervised=True, conftest=MEMORY_LIMIT)
     assert result.ret == 1  # 2 s: at 1 s test_then_runs (160 MiB written) failed once in a full CI run
     assert outcomes(tests) == {"test_exhausts_memory": "failed", "test_then_runs": "passed",
-                               "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}
+                               "test_then_blocks_in_c": "failed", "test_never_reached": "not run"}, \
+        tests["test_then_runs"].get("reason")  # on a loaded machine it once failed at 2 s too: say why
     assert "MemoryError" in tests["test_exhausts_memory"]["reason"]
     assert "timed out: call still running" in tests["test_then_blocks_in_c"]["reason"]
     assert "native code" in tests["test_then_blocks_in_c"]["reason"]
