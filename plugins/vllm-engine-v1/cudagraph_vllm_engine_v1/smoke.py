@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 
 from cudagraph_vllm_engine import settings
-from cudagraph_vllm_engine.smoke import PRESET, engine_config
+from cudagraph_vllm_engine.smoke import PRESET
 
 
 def main(argv=None) -> int:
@@ -38,7 +38,7 @@ def ngram_stage(runtime, log, args) -> list[str]:
     anchor = Anchor(str(presets.checkpoint(PRESET)), device="cuda")
 
     def verify() -> None:
-        base = engine_config(runtime, "FULL_AND_PIECEWISE")
+        base = smoke.engine_config(runtime, "FULL_AND_PIECEWISE", PRESET)  # as the suites make it
         config = replace(base, policy=replace(base.policy, num_speculative_tokens=args.k))
         smoke.verify_steps(runtime, anchor, config, log, f"ngram k={args.k}",
                            said=lambda engine: f"; vLLM accepted {engine.accepted}")

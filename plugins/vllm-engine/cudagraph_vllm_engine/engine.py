@@ -124,7 +124,10 @@ class VllmEngine(ScheduledEngine):
         from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
-        block_size = self._block_size(specs)
+        sizes = {spec.block_size for worker in specs for spec in worker.values()}
+        if len(sizes) != 1:
+            raise EngineError(f"expected one KV block size for a dense Llama, vLLM's specs have {sorted(sizes)}")
+        block_size = sizes.pop()
         num_blocks = num_blocks_for(self.config.kv_tokens, block_size, self.config.policy.max_num_seqs, reserved=1)
         vllm_config.cache_config.num_gpu_blocks_override = num_blocks
         register_all_kvcache_specs(vllm_config)
@@ -140,13 +143,6 @@ class VllmEngine(ScheduledEngine):
         if self.attention != [settings.ATTENTION_BACKEND]:
             raise EngineError(f"vLLM chose attention backends {self.attention}; this runtime asked for "
                                f"{settings.ATTENTION_BACKEND} and declares its graph support only")
-
-    @staticmethod
-    def _block_size(specs) -> int:
-        sizes = {spec.block_size for worker in specs for spec in worker.values()}
-        if len(sizes) != 1:
-            raise RuntimeError(f"expected one KV block size for a dense Llama, vLLM's specs have {sorted(sizes)}")
-        return sizes.pop()
 
     # -- capture ------------------------------------------------------------------------------
     def _capture_model(self) -> tuple:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.kit.block_book import BlockBook, Live as BookLive
+from harness.kit.block_book import BlockBook, Live as BookLive, Placed
 
 
 @dataclass
@@ -18,20 +18,16 @@ class Live(BookLive):
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One request of a step, checked and placed."""
+class Planned(Placed):
+    """One request of a step, checked and placed, as vLLM is sent it: with its whole history."""
 
-    request_id: int
-    vllm_id: str
-    all_tokens: tuple[int, ...]  # history up to context_len, then this step's tokens
-    context_len: int
-    num_new: int
-    blocks: tuple[int, ...]
+    vllm_id: str = ""
+    history: tuple[int, ...] = ()  # the tokens before context_len
     lora: int | None = None  # the adapter the request names (Request.lora), None: the base model
 
     @property
-    def new_tokens(self) -> tuple[int, ...]:
-        return self.all_tokens[self.context_len:]
+    def all_tokens(self) -> tuple[int, ...]:
+        return self.history + self.new_tokens
 
 
 class Requests(BlockBook):
@@ -53,9 +49,8 @@ class Requests(BlockBook):
                              "not read again, vllm/v1/worker/gpu_model_runner.py _update_streaming_request); release "
                              "it and admit a new request for another adapter")
         live.placed, live.lora = True, lora
-        history = tuple(live.tokens[:request.context_len])
-        return Planned(request.request_id, live.vllm_id, history + tokens, request.context_len, len(tokens),
-                       tuple(live.blocks), lora)
+        return Planned(request.request_id, tokens, request.context_len, tuple(live.blocks), live.vllm_id,
+                       tuple(live.tokens[:request.context_len]), lora)
 
     def release(self, request_id: int) -> Live | None:
         live = super().release(request_id)

@@ -21,13 +21,6 @@ JOINS = {0: [(1, 5), (2, 11), (3, 3)], 4: [(4, 2)]}  # three prompts, decode ste
 STEPS = 6
 
 
-def engine_config(runtime, mode: str):
-    """The config the suites' engine factory makes for this mode (harness.smoke.engine_config)."""
-    from harness.smoke import engine_config as suites_config
-
-    return suites_config(runtime, mode, PRESET)
-
-
 def policy_questions(runtime, log, args) -> list[str]:
     from harness.protocol import PolicyConfig
 
