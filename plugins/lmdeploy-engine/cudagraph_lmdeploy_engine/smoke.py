@@ -34,13 +34,6 @@ def step_details(engine, out) -> dict:
             "_padded_positions": inputs.positions[pad].tolist(), "_slot_mapping": inputs.slot_mapping.tolist()}
 
 
-def engine_config(runtime, mode: str, preset: str):
-    """The config the suites' engine factory makes for this mode and preset (harness.smoke.engine_config)."""
-    from harness.smoke import engine_config as suites_config
-
-    return suites_config(runtime, mode, preset)
-
-
 def main(argv=None) -> int:
     settings.apply_environment()  # before anything imports LMDeploy or the hub
     from harness import smoke
