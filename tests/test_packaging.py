@@ -260,3 +260,14 @@ def test_an_engine_repository_runs_its_own_runtime_with_its_own_known_failures(v
     assert failed.returncode == 1
     assert ("reproduce: cudagraph-conformance 'suites/test_padding.py::test_above_the_max_runs_eager_and_at_the_max_"
             "pads_nothing[my-engine-user-sizes]' --runtime my_engine:MyEngine") in failed.stdout
+
+
+def test_the_docs_install_the_wheel_this_version_builds():
+    """A wheel named in the docs' commands is the one `pip wheel` makes of this version: an older name
+    is a file that does not exist (README.md named 0.3.0's until 0.5.0)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/authoring.md"):
+        named = set(re.findall(r"cudagraph_conformance-([\w.]+)-py3-none-any\.whl", (root / doc).read_text()))
+        assert named <= {harness.__version__}, f"{doc} installs wheels of versions {sorted(named)}"
