@@ -37,10 +37,10 @@ class Submissions:
 
 
 def most(fn, device: str, times: int = 2) -> Submissions:
-    """The largest of `times` counts of fn, field by field. On CUDA a profile can miss launches but
-    never invents one: a 3-request eager decode step once counted fewer kernels than a 1-request one
-    of the same engine (reports/h100/vllm-v2/run_abe7687/conformance-vllm-engine.json, the launch
-    test's records), so a single count can fail an honest bound."""
+    """The largest of `times` counts of fn, field by field: a profile can miss launches (kineto now
+    and then hands back one without device activity, see kernel_time_us) but never invents one. What
+    this does not remove: one engine's eager step at one batch counts differently from one process to
+    the next (reports/h100/vllm-v1/README.md, "Launch counts")."""
     counts = [count(fn, device) for _ in range(times)]
     return Submissions(*(max(getattr(c, f) for c in counts) if getattr(counts[0], f) is not None else None
                          for f in ("kernels", "graphs", "copies", "ops_in_graphs")))
