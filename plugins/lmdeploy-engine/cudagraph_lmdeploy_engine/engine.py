@@ -16,13 +16,12 @@ request's last row to its sampler; the rows come from the same hidden states and
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 import weakref
 from dataclasses import replace
 
 from harness import protocol as p
-from harness.kit.guard import shared_stream
+from harness.kit.guard import cached_memory_returned, shared_stream
 from harness.kit.scheduled import ScheduledEngine
 from harness.vocabulary import FDO
 
@@ -82,8 +81,7 @@ class LmdeployEngine(ScheduledEngine):
         self.steps = 0
         # The harness measures graph memory as free device memory around capture(): leave no cached
         # blocks of the build behind.
-        gc.collect()
-        torch.cuda.empty_cache()
+        cached_memory_returned()
 
     def _check_build(self, policy: p.PolicyConfig) -> None:
         """Fail the build loudly where LMDeploy built something else than this runtime declares."""
@@ -127,9 +125,8 @@ class LmdeployEngine(ScheduledEngine):
 
         self.capture_once("in its warm-up")
         self.observer.start()  # the warm-up's forwards stay off the last step's record
-        gc.collect()
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        cached_memory_returned()
         free_before = torch.cuda.mem_get_info()[0]
         self.observer.capturing = True
         try:
@@ -141,8 +138,7 @@ class LmdeployEngine(ScheduledEngine):
         finally:
             self.observer.capturing = False
         self.observer.graphs_allowed = True
-        gc.collect()
-        torch.cuda.empty_cache()
+        cached_memory_returned()
         memory = max(0, free_before - torch.cuda.mem_get_info()[0])  # LMDeploy measures none; this is vLLM's measure
         keys = list(self.observer.capture_order)
         if len(keys) != len(self.runner._full_graph_runners):
@@ -266,8 +262,6 @@ class LmdeployEngine(ScheduledEngine):
         """Give back what this engine holds: LMDeploy's own release (UniExecutor.release ->
         BaseModelAgent.release: the graph runner reset, the model and cache engine dropped, the
         allocator's cache emptied), then this runtime's references to them."""
-        import torch
-
         executor, self.executor = getattr(self, "executor", None), None
         if executor is None:
             return
@@ -276,8 +270,7 @@ class LmdeployEngine(ScheduledEngine):
         with settings.timed(f"close {self.label}"), settings.process_state_restored(self.rng):
             executor.release()
         del executor
-        gc.collect()
-        torch.cuda.empty_cache()
+        cached_memory_returned()
 
     # -- inspection ---------------------------------------------------------------------------
     def static_buffer_addresses(self) -> dict[str, int]:
