@@ -20,20 +20,17 @@ import dataclasses
 
 from harness.kit.observer import ObserverBase
 
+from cudagraph_vllm_engine.observer import StepRecord
+
 
 @dataclasses.dataclass
-class V1StepRecord:
+class V1StepRecord(StepRecord):
+    """V2's record (the inputs as the forward saw them), read from the forward context instead."""
+
     dispatched: list = dataclasses.field(default_factory=list)  # every (mode, BatchDescriptor) returned
-    ran: object | None = None  # the forward context's BatchDescriptor
-    path: str = "NONE"  # the forward context's cudagraph_runtime_mode
+    # `ran`: the forward context's BatchDescriptor; `path`: its cudagraph_runtime_mode.
     forward_tokens: int | None = None  # len(input_ids) given to the forward
     forwards: int = 0
-    token_ids: object | None = None
-    positions: object | None = None
-    slot_mapping: object | None = None
-    seq_lens: object | None = None  # [padded request rows], likewise
-    query_start_loc: object | None = None
-    block_tables: object | None = None
 
 
 def first_slot_mapping(slot_mapping):

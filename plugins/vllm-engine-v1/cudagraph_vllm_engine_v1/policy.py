@@ -7,6 +7,7 @@ depends on the config only. The V2 answers stay in policy.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from harness import protocol as p
 
@@ -53,7 +54,7 @@ class VllmV1Policy(VllmPolicy):
     def _check_runner(self, vllm_config) -> None:
         if vllm_config.use_v2_model_runner:
             raise RuntimeError(f"vLLM chose its V2 runner for a V1 policy question ({RUNNER_SWITCH}="
-                               f"{__import__('os').environ.get(RUNNER_SWITCH)!r}); the V1 runtime sets it to 0")
+                               f"{os.environ.get(RUNNER_SWITCH)!r}); the V1 runtime sets it to 0")
 
     def _resolve(self, vllm_config, support, backend_name: str, decode_query_len: int):
         """The mode GPUModelRunner._check_and_update_cudagraph_mode resolves."""
