@@ -11,8 +11,6 @@ drafts, handed over as vLLM's scheduler hands drafts (`scheduled_spec_decode_tok
 from __future__ import annotations
 
 from harness import protocol as p
-from harness.kit.scheduled import greedy_misses, greedy_tolerance
-
 from cudagraph_vllm_engine import settings
 from cudagraph_vllm_engine.engine import EngineError, VllmEngine, request_rows
 
@@ -178,28 +176,9 @@ class VllmV1Engine(VllmEngine):
         self._check_slots(record, rows)
         self.accepted = self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
 
-    def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
-        """Greedy sampling: each token vLLM sampled is the argmax of its row. A verify step's tokens are
-        the accepted drafts and one more, row by row from its first; another request's is its last row's."""
-        row, picked, accepted = 0, [], {}
-        for q, span in rows:
-            first, row = row, row + len(span)
-            tokens = list(by_id.get(q.vllm_id) or [])
-            _, spec = verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)
-            if spec:
-                if not 1 <= len(tokens) <= len(spec) + 1:
-                    raise EngineError(f"vLLM sampled {tokens} for verify request {q.vllm_id} with drafts {list(spec)}")
-                accepted[q.request_id] = len(tokens) - 1
-                pairs = list(zip(range(first, first + len(tokens)), tokens))
-            else:
-                pairs = [(row - 1, tokens[-1])] if tokens else []
-            picked += [(q.vllm_id, index - first, index, token) for index, token in pairs]
-        misses = greedy_misses(logits, [(index, token) for *_, index, token in picked], greedy_tolerance(self.config.dtype))
-        bad = [(picked[i][0], picked[i][1], picked[i][3], argmax, gap) for i, argmax, gap in misses]
-        if bad:
-            raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
-                               f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")
-        return accepted
+    def _drafts(self, q) -> tuple:
+        """A verify step's drafts (verify_split): the sampled check reads the accepted ones row by row."""
+        return verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)[1]
 
     # -- inspection ---------------------------------------------------------------------------
     def static_buffer_addresses(self) -> dict[str, int]:

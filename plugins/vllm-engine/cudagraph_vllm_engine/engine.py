@@ -265,17 +265,35 @@ class VllmEngine(ScheduledEngine):
             raise EngineError(f"vLLM's dispatcher chose {ran.cg_mode.name} at {ran.num_tokens} tokens, but the forward "
                                f"took the {record.path} path at {padded}")
         self._check_slots(record, rows)
-        by_id = dict(zip(sampled.req_ids, sampled.sampled_token_ids))
-        row, picked = 0, []  # each request's last logits row (logits are in request order) and its sampled token
+        self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
+
+    def _drafts(self, q) -> tuple:
+        """The draft tokens a planned request brings to be verified: none on an engine without speculative tokens."""
+        return ()
+
+    def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
+        """Greedy sampling: each token vLLM sampled is the argmax of its row (logits are in request order).
+        A verify step's tokens are the accepted drafts and one more, row by row from its first; another
+        request's is its last row's. Returns the drafts accepted per verify request."""
+        row, picked, accepted = 0, [], {}
         for q, span in rows:
-            row += len(span)
-            if by_id.get(q.vllm_id):
-                picked.append((q.vllm_id, row - 1, by_id[q.vllm_id][-1]))
-        misses = greedy_misses(logits, [(row, token) for _, row, token in picked], greedy_tolerance(self.config.dtype))
-        bad = [(picked[i][0], picked[i][2], argmax, gap) for i, argmax, gap in misses]
+            first, row = row, row + len(span)
+            tokens = list(by_id.get(q.vllm_id) or [])
+            spec = self._drafts(q)
+            if spec:
+                if not 1 <= len(tokens) <= len(spec) + 1:
+                    raise EngineError(f"vLLM sampled {tokens} for verify request {q.vllm_id} with drafts {list(spec)}")
+                accepted[q.request_id] = len(tokens) - 1
+                pairs = list(zip(range(first, first + len(tokens)), tokens))
+            else:
+                pairs = [(row - 1, tokens[-1])] if tokens else []
+            picked += [(q.vllm_id, index - first, index, token) for index, token in pairs]
+        misses = greedy_misses(logits, [(index, token) for *_, index, token in picked], greedy_tolerance(self.config.dtype))
+        bad = [(picked[i][0], picked[i][1], picked[i][3], argmax, gap) for i, argmax, gap in misses]
         if bad:
             raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
-                               f"(request, sampled, argmax, gap): {bad}: the rows were misread")
+                               f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")
+        return accepted
 
     # -- the end --------------------------------------------------------------------------------
     def close(self) -> None:
