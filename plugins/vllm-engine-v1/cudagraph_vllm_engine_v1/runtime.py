@@ -17,20 +17,17 @@ runtime per process).
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 
 from harness import protocol as p
-from harness.kit.checks import require_cuda
 
-from cudagraph_vllm_engine import settings
 from cudagraph_vllm_engine.policy import VERSION
 from cudagraph_vllm_engine.runtime import KNOWN_FAILURES as POLICY_KNOWN_FAILURES
-from cudagraph_vllm_engine.runtime import MEMORY_KEPT_PER_BUILD, PRECISION_WHY, VllmEngineRuntime, _Policy, precision
+from cudagraph_vllm_engine.runtime import VllmEnginePolicyRuntime, VllmEngineRuntime
 
 from . import __version__
 from .lora import LORA_DTYPES, lora_args
-from .policy import RUNNER_SWITCH
+from .policy import RUNNER_SWITCH, VllmV1Policy, v1_graph_keys
 
 KNOWN_FAILURES = Path(__file__).with_name("known_failures.toml")
 NOTES = ("vLLM {vllm} V1 model runner (GPUModelRunner, CudagraphDispatcher), in-process, {backend} attention; this "
@@ -57,63 +54,43 @@ def force_v1_runner(environ=os.environ) -> None:
 RULES = f"vllm-{VERSION}/v1"  # vLLM 0.25's V1 runner, as harness.vocabulary.VLLM_RELEASES models it
 
 
-class VllmEngineV1PolicyRuntime(_Policy):
+class _V1:
+    """What the V1 runner's runtimes say otherwise than V2's (cudagraph_vllm_engine.runtime._Policy)."""
+
+    RUNNER = "V1"
+    RULES = RULES
+    POLICY_CLASS = VllmV1Policy
+    POLICY_NOTES = ("vLLM {vllm}'s own policy code (policy.py) for its V1 model runner: CudagraphDispatcher's keys "
+                    "and dispatch, resolution with use_v2_model_runner=False")
+    PLUGIN_VERSION = __version__
+
+    def _choose_runner(self) -> None:
+        force_v1_runner()
+
+
+class VllmEngineV1PolicyRuntime(_V1, VllmEnginePolicyRuntime):
     """vLLM 0.25's V1 policy alone, on any machine where vLLM 0.25 imports: the answers `vllm-engine-v1`
     gives, for the policy suites and for scripts/vllm_versions_compare.py --oracle."""
 
     name = "vllm-engine-v1-policy"
     known_failures = str(POLICY_KNOWN_FAILURES)  # the config's silent downgrades: VllmConfig's, either runner
 
-    def __init__(self):
-        settings.apply_environment()
-        force_v1_runner()
-        from .policy import VllmV1Policy
 
-        vllm_version = self._start_policy(VllmV1Policy, RULES)
-        self.version = f"{__version__} (vLLM {vllm_version}, V1 model runner, policy only)"
-        self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, speculative=True,
-            notes=f"vLLM {vllm_version}'s own policy code (policy.py) for its V1 model runner: "
-                  "CudagraphDispatcher's keys and dispatch, resolution with use_v2_model_runner=False")
-
-
-class VllmEngineV1Runtime(VllmEngineRuntime):
+class VllmEngineV1Runtime(_V1, VllmEngineRuntime):
     name = "vllm-engine-v1"
     known_failures = str(KNOWN_FAILURES)
+    NOTES = NOTES
+    # memory_kept_per_build is V2's bound: the V1 lane's smoke measures each closed V1 engine within it
+    # (reports/h100/vllm-v1/run_99c9622/smoke.log, "SMOKE memory").
+    RUNS = dict(lora_steps=True, speculative_steps=True, declarations={"lora_dtypes": LORA_DTYPES})
+    LABEL = "V1 engine"
+    graph_keys = staticmethod(v1_graph_keys)
 
-    def __init__(self):
-        settings.apply_environment()
-        force_v1_runner()
-        require_cuda("vllm-engine-v1", "vLLM")
-        from .policy import VllmV1Policy
-
-        vllm_version = self._start_policy(VllmV1Policy, RULES)
-        self.version = f"{__version__} (vLLM {vllm_version}, V1 model runner)"
-        arithmetic = precision()
-        self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, rules=RULES, lora=True, lora_steps=True, speculative=True, speculative_steps=True, execution=True, graph_backends=("cuda",),
-            attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
-            padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
-            outputs_alias_graph_buffers=False, precision=arithmetic, declarations={"lora_dtypes": LORA_DTYPES},
-            # V2's bound: the V1 lane's smoke measures what each closed V1 engine keeps, within it
-            # (reports/h100/vllm-v1/run_678fe06/smoke.log, "SMOKE memory").
-            memory_kept_per_build=MEMORY_KEPT_PER_BUILD,
-            notes=NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
-                               why=PRECISION_WHY[arithmetic]))
-        self.engines_built = 0
-        self.live = weakref.WeakSet()
-
-    def build(self, config: p.EngineConfig):
+    def engine_class(self):
         from .engine import VllmV1Engine
-        from .policy import v1_graph_keys
 
-        self._check_config(config)
+        return VllmV1Engine
+
+    def _check_config(self, config: p.EngineConfig) -> None:
+        super()._check_config(config)
         lora_args(config.policy, tuple(config.lora_adapters), config.dtype)  # refuses what vLLM cannot take, by name
-        expected = self.policy.answer(config.policy)
-        self.engines_built += 1
-        policy = config.policy
-        label = (f"V1 engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
-                 f"tokens={policy.max_num_batched_tokens} k={policy.num_speculative_tokens}")
-        engine = VllmV1Engine(config, label, self.live)
-        return self._held_to_policy(engine, (expected.mode, list(expected.sizes), v1_graph_keys(expected.dispatcher)),
-                                    label)

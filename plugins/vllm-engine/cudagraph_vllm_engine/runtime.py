@@ -46,11 +46,26 @@ def precision() -> str:
 
 
 class _Policy(PolicyDelegate):
-    """The protocol's policy questions, answered by vLLM 0.25's own code (policy.VllmPolicy)."""
+    """The protocol's policy questions, answered by vLLM 0.25's own code (policy.VllmPolicy). What a
+    runner's runtimes say differently are these class attributes and `_choose_runner`
+    (cudagraph_vllm_engine_v1.runtime sets them for the V1 runner)."""
 
+    RUNNER = "V2"
+    RULES = f"vllm-{VERSION}/v2"
+    POLICY_CLASS = VllmPolicy
+    POLICY_NOTES = POLICY_NOTES
+    PLUGIN_VERSION = __version__
     policy: VllmPolicy
 
-    def _start_policy(self, policy_class=VllmPolicy, rules: str = f"vllm-{VERSION}/v2") -> str:
+    def _choose_runner(self) -> None:
+        """Before vLLM is imported: V2 is the runner vLLM 0.25 chooses for the configs this runtime builds."""
+
+    def _prepare_process(self) -> None:
+        """vLLM's environment and its runner switch, set before anything imports vLLM."""
+        settings.apply_environment()
+        self._choose_runner()
+
+    def _start_policy(self) -> str:
         """vLLM imported and its release checked, the policy made and asked once; returns vLLM's version.
         Without a GPU (a policy runtime only: an engine runtime requires one) without_gpu.py stands in."""
         import torch
@@ -59,9 +74,9 @@ class _Policy(PolicyDelegate):
         check_version(vllm.__version__)
         if not torch.cuda.is_available():
             stand_in_for_an_h200()
-        self.policy = policy_class()
+        self.policy = self.POLICY_CLASS()
         with settings.process_state_restored():  # vLLM's config modules set LD_LIBRARY_PATH when first
-            self.policy.answer(p.PolicyConfig(rules=rules))  # imported (vllm/env_override.py): here, not in a test
+            self.policy.answer(p.PolicyConfig(rules=self.RULES))  # imported (vllm/env_override.py): here, not in a test
         return vllm.__version__
 
 
@@ -74,12 +89,12 @@ class VllmEnginePolicyRuntime(_Policy):
     known_failures = str(KNOWN_FAILURES)
 
     def __init__(self):
-        settings.apply_environment()
+        self._prepare_process()
         vllm_version = self._start_policy()
-        self.version = f"{__version__} (vLLM {vllm_version}, V2 model runner, policy only)"
+        self.version = f"{self.PLUGIN_VERSION} (vLLM {vllm_version}, {self.RUNNER} model runner, policy only)"
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
-            lora=True, speculative=True, notes=POLICY_NOTES.format(vllm=vllm_version))
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=self.RULES,
+            lora=True, speculative=True, notes=self.POLICY_NOTES.format(vllm=vllm_version))
 
 
 MEMORY_KEPT_PER_BUILD = 192 << 20  # bytes
@@ -88,15 +103,19 @@ MEMORY_KEPT_PER_BUILD = 192 << 20  # bytes
 class VllmEngineRuntime(_Policy):
     name = "vllm-engine"
     known_failures = str(KNOWN_FAILURES)
+    NOTES = NOTES
+    RUNS: dict = {}  # the capabilities a runner's engines add to these (V1: LoRA and verify steps)
+    LABEL = "engine"  # how the events log names this runtime's engines
+    graph_keys = staticmethod(graph_descriptors)  # a policy answer's graph keys, as the engine reports its own
 
     def __init__(self):
-        settings.apply_environment()
-        require_cuda("vllm-engine", "vLLM")
+        self._prepare_process()
+        require_cuda(self.name, "vLLM")
         vllm_version = self._start_policy()
-        self.version = f"{__version__} (vLLM {vllm_version}, V2 model runner)"
+        self.version = f"{self.PLUGIN_VERSION} (vLLM {vllm_version}, {self.RUNNER} model runner)"
         arithmetic = precision()
         self.capabilities = p.Capabilities(
-            capture_sizes=True, dispatch=True, mode_resolution=True, rules=f"vllm-{VERSION}/v2",
+            capture_sizes=True, dispatch=True, mode_resolution=True, rules=self.RULES,
             lora=True, speculative=True, execution=True, graph_backends=("cuda",),
             attention_backends=((settings.ATTENTION_BACKEND, self.policy.support),),
             padding_fills=("zeros", "random"), loads_checkpoint=True, kv_inspection=True, input_inspection=True,
@@ -104,25 +123,29 @@ class VllmEngineRuntime(_Policy):
             # What a closed engine still leaves allocated, measured on an H200 after every close()
             # (reports/h200/vllm/run_16062a0/smoke.log, its "SMOKE memory" lines).
             memory_kept_per_build=MEMORY_KEPT_PER_BUILD,
-            notes=NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
-                               why=PRECISION_WHY[arithmetic]),
-        )
+            notes=self.NOTES.format(vllm=vllm_version, backend=settings.ATTENTION_BACKEND, precision=arithmetic,
+                                    why=PRECISION_WHY[arithmetic]),
+            **self.RUNS)
         self.engines_built = 0
         self.live = weakref.WeakSet()  # engines built and not yet closed: the last close releases the process's share
 
     # -- execution --------------------------------------------------------------------------
-    def build(self, config: p.EngineConfig):
+    def engine_class(self):
         from .engine import VllmEngine
 
+        return VllmEngine
+
+    def build(self, config: p.EngineConfig):
         self._check_config(config)
         expected = self.policy.answer(config.policy)  # raises ValueError where vLLM rejects the config
         self.engines_built += 1
         policy = config.policy
-        label = (f"engine #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
-                 f"tokens={policy.max_num_batched_tokens}")
-        engine = VllmEngine(config, label, self.live)
-        return self._held_to_policy(engine, (expected.mode, list(expected.sizes),
-                                             graph_descriptors(expected.dispatcher)), label)
+        label = (f"{self.LABEL} #{self.engines_built} {policy.mode} {config.dtype} seqs={policy.max_num_seqs} "
+                 f"tokens={policy.max_num_batched_tokens}" + (f" k={policy.num_speculative_tokens}"
+                                                              if policy.num_speculative_tokens else ""))
+        engine = self.engine_class()(config, label, self.live)
+        return self._held_to_policy(engine, (expected.mode, list(expected.sizes), self.graph_keys(expected.dispatcher)),
+                                    label)
 
     @staticmethod
     def _held_to_policy(engine, answered: tuple, label: str):
@@ -138,6 +161,6 @@ class VllmEngineRuntime(_Policy):
         return engine
 
     def _check_config(self, config: p.EngineConfig) -> None:
-        check_one_gpu_config(config, "vllm-engine", settings.ATTENTION_BACKEND,
+        check_one_gpu_config(config, self.name, settings.ATTENTION_BACKEND,
                              f"the {settings.ATTENTION_BACKEND} backend")
         check_mode(config)
