@@ -87,6 +87,17 @@ def test_held_refuses_a_position_outside_the_requests_blocks():
         book.held(1, 16)
 
 
+def test_misplaced_names_each_request_whose_slots_differ_from_the_books():
+    book = BlockBook(9, 16, vocab=256, max_len=128, max_seqs=4, max_tokens=64)
+    planned = book.plan([Request(1, (3, 4, 5), 0), Request(2, (6,), 0)])  # blocks 1 and 2
+    rows = [(planned[1], range(0, 1)), (planned[0], range(1, 4))]  # the engine ran request 2 first
+    assert book.misplaced([32, 16, 17, 18, -1], rows) == []  # a padded row's slot is nobody's
+    assert book.misplaced([32, 16, 17, 18], rows, kernel_block_size=8) == []  # block 1 = kernel blocks 2, 3
+    assert book.misplaced([16, 32, 17, 18], rows) == [
+        "request 2's tokens in KV slots [16]; the block bookkeeping says [32]",
+        "request 1's tokens in KV slots [32, 17, 18]; the block bookkeeping says [16, 17, 18]"]
+
+
 def test_the_old_module_still_imports_and_names_the_new_one():
     sys.modules.pop("harness.block_book", None)
     with pytest.warns(DeprecationWarning, match="harness.kit.block_book"):

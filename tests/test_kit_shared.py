@@ -12,7 +12,8 @@ from harness.kit import guard
 from harness.kit.block_book import DEFAULT_KV_TOKENS, BlockBook, num_blocks_for
 from harness.kit.checks import check_built
 from harness.kit.events import EventLog
-from harness.kit.scheduled import greedy_misses, greedy_tolerance, not_the_maximum, request_rows
+from harness.kit.scheduled import (greedy_misses, greedy_tolerance, not_the_maximum, request_rows, rows_in_order,
+                                   sampled_greedily)
 from harness.protocol import Request
 
 from tests.test_kit_engine import StandIn  # the scheduled-engine stand-in of the kit's own tests
@@ -107,6 +108,32 @@ def test_greedy_misses_checks_every_picked_row_at_once_and_names_each_miss():
     assert greedy_misses(logits, [(0, 2), (1, 2)], 0.6) == [(1, 0, 3.0)]  # 0.5 below: within 0.6
     assert greedy_misses(logits, [], 0.0) == []
     assert greedy_misses(logits.bfloat16(), [(3, 1)], 0.0) == []  # a tie is the maximum
+
+
+def verify(i, n):
+    return SimpleNamespace(engine_id=f"req-{i}", request_id=i, num_new=n)
+
+
+def test_every_sampled_token_is_checked_and_a_verify_steps_accepted_drafts_counted():
+    rows = rows_in_order([verify(1, 1), verify(2, 3)])  # request 1 decodes (row 0), request 2 verifies 2 drafts
+    assert [list(span) for _, span in rows] == [[0], [1, 2, 3]]
+    logits = torch.zeros(4, 10)
+    logits[0, 5] = logits[1, 7] = logits[2, 2] = logits[3, 4] = 1.0  # greedy accepts draft 7, rejects 8
+    drafts = {"req-2": [7, 8]}
+
+    def check(sampled, drafts=drafts):
+        return sampled_greedily(rows, logits, sampled, drafts, lambda q: q.engine_id, 1e-3, "the stand-in", EngineError)
+
+    assert check({"req-1": [5], "req-2": [7, 2]}) == {2: 1}
+    assert check({"req-1": [5], "req-2": [4]}, {}) == {}  # no drafts: the last row only
+    with pytest.raises(EngineError, match=r"\('req-2', 1, 3, 2, 1.0\)\]: the rows were misread"):
+        check({"req-1": [5], "req-2": [7, 3]})
+    with pytest.raises(EngineError, match=r"\('req-1', 0, 4, 5, 1.0\)"):
+        check({"req-1": [4], "req-2": [7, 2]})
+    with pytest.raises(EngineError, match=r"the stand-in sampled \[7, 2, 4, 4\] for verify request req-2"):
+        check({"req-1": [5], "req-2": [7, 2, 4, 4]})
+    with pytest.raises(EngineError, match="sampled \\[\\] for verify request"):
+        check({"req-1": [5]})
 
 
 # -- the eager step ---------------------------------------------------------------------------------

@@ -145,6 +145,17 @@ class BlockBook:
         block = live.blocks[kernel_block // per_block] * per_block + kernel_block % per_block
         return block * kernel_block_size + position % kernel_block_size
 
+    def misplaced(self, slots, rows, kernel_block_size: int | None = None) -> list[str]:
+        """What differs where an engine computed KV `slots` (one a token row) for `rows` ((placed
+        request, its token rows)) from the slots these books give each of their tokens: a line each."""
+        found = []
+        for q, span in rows:
+            want = [self.slot(q.request_id, q.context_len + j, kernel_block_size) for j in range(q.num_new)]
+            got = list(slots[span.start:span.stop])
+            if got != want:
+                found.append(f"request {q.request_id}'s tokens in KV slots {got}; the block bookkeeping says {want}")
+        return found
+
     def held(self, request_id: int, position: int) -> Live:
         """The live request whose blocks hold `position`; ValueError where none does."""
         live = self.live.get(request_id)

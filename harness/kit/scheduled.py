@@ -64,6 +64,43 @@ def not_the_maximum(row, token: int, tolerance: float) -> tuple[int, float] | No
     return missed[0][1:] if missed else None
 
 
+def sampled_greedily(rows, logits, sampled: dict, drafts: dict, id_of, tolerance: float,
+                     engine_name: str = "the engine", error: type[Exception] = RuntimeError) -> dict[int, int]:
+    """Greedy sampling checked against the logits read back, a row per real token in `rows`' order
+    ((request, its token rows), as request_rows gives them). `sampled[id_of(q)]` are the tokens the
+    engine's sampler gave a request: with drafts (`drafts[id_of(q)]`, a verify step) the accepted
+    drafts and one more, from its rows in order; without, one token, from its last row. Raises
+    `error` naming each token that is not its row's maximum within `tolerance` (the rows read back are
+    not the ones sampled from); returns the drafts accepted per verify request (by request_id)."""
+    row, picked, accepted = 0, [], {}
+    for q, span in rows:
+        first, row = row, row + len(span)
+        tokens, spec = list(sampled.get(id_of(q)) or []), list(drafts.get(id_of(q)) or [])
+        if spec:
+            if not 1 <= len(tokens) <= len(spec) + 1:
+                raise error(f"{engine_name} sampled {tokens} for verify request {id_of(q)} with drafts {spec}")
+            accepted[q.request_id] = len(tokens) - 1
+            pairs = list(zip(range(first, first + len(tokens)), tokens))
+        else:
+            pairs = [(row - 1, tokens[-1])] if tokens else []
+        picked += [(id_of(q), index - first, index, token) for index, token in pairs]
+    misses = greedy_misses(logits, [(index, token) for *_, index, token in picked], tolerance)
+    if misses:
+        bad = [(picked[i][0], picked[i][1], picked[i][3], argmax, gap) for i, argmax, gap in misses]
+        raise error(f"{engine_name}'s sampler picked tokens that are not the maximum of the logits this runtime read "
+                    f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")
+    return accepted
+
+
+def rows_in_order(planned) -> list:
+    """(request, its token rows) where the engine runs the planned requests' tokens in their order."""
+    rows, start = [], 0
+    for q in planned:
+        rows.append((q, range(start, start + q.num_new)))
+        start += q.num_new
+    return rows
+
+
 def request_rows(batch_ids: list, starts, planned, id_of, engine_name: str = "the engine",
                  error: type[Exception] = RuntimeError) -> list:
     """(request, its token rows) for each planned request, from the engine's batch order (`batch_ids`,
@@ -166,5 +203,6 @@ class ScheduledEngine:
 
 # The public names (docs/api.md; tests/test_public_api.py holds the two to each other).
 __all__ = [
-    "ScheduledEngine", "request_rows", "greedy_tolerance", "greedy_misses", "not_the_maximum",
+    "ScheduledEngine", "request_rows", "rows_in_order", "greedy_tolerance", "greedy_misses", "not_the_maximum",
+    "sampled_greedily",
 ]

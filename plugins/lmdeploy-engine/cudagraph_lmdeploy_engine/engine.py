@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from harness import protocol as p
 from harness.kit.guard import cached_memory_returned, shared_stream
-from harness.kit.scheduled import ScheduledEngine
+from harness.kit.scheduled import ScheduledEngine, rows_in_order
 from harness.vocabulary import FDO
 
 from . import settings
@@ -247,14 +247,8 @@ class LmdeployEngine(ScheduledEngine):
         elif record.padded is None:
             problems.append("no forward path of LMDeploy's graph runner ran")
         if not problems:
-            slots = from_record(record, self.block_size).slot_mapping(self.block_size)
-            row = 0
-            for q in planned:
-                want = [self.requests.slot(q.request_id, q.context_len + j) for j in range(q.num_new)]
-                if slots[row:row + q.num_new] != want:
-                    problems.append(f"LMDeploy's buffers place request {q.request_id}'s tokens in KV slots "
-                                    f"{slots[row:row + q.num_new]}; this runtime's block bookkeeping says {want}")
-                row += q.num_new
+            slots = from_record(record, self.block_size, cut=True).slot_mapping()
+            problems += [f"LMDeploy's buffers place {line}" for line in self.requests.misplaced(slots, rows_in_order(planned))]
         if problems:
             raise EngineError(f"{self.label}: " + "; ".join(problems))
 
@@ -301,10 +295,9 @@ class LmdeployEngine(ScheduledEngine):
     def last_step_inputs(self) -> p.StepInputs:
         import torch
 
-        seen = from_record(self.last_record())
-        slots = torch.tensor(seen.slot_mapping(self.block_size), device=seen.token_ids.device)
-        return p.StepInputs(seen.token_ids.clone(), seen.positions.clone(), slots, PADDING_SLOT,
-                            **seen.request_rows(self.block_size))
+        seen = from_record(self.last_record(), self.block_size)
+        slots = torch.tensor(seen.slot_mapping(), device=seen.token_ids.device)
+        return p.StepInputs(seen.token_ids.clone(), seen.positions.clone(), slots, PADDING_SLOT, **seen.request_rows())
 
     def describe(self) -> dict:
         """LMDeploy's own live state for this engine (for logs)."""

@@ -28,8 +28,9 @@ class Requests(BlockBook):
     def __init__(self, num_blocks: int, block_size: int, vocab: int, max_len: int, max_seqs: int, max_tokens: int):
         super().__init__(num_blocks, block_size, vocab, max_len, max_seqs, max_tokens, first_block=RESERVED_BLOCKS)
 
-    def slot(self, request_id: int, position: int) -> int:
-        """The slot a position of a live request is written to."""
+    def slot(self, request_id: int, position: int, kernel_block_size: int | None = None) -> int:
+        """The slot a position of a live request is written to (LMDeploy's kernel blocks are its blocks:
+        checked at build)."""
         live = self.held(request_id, position)
         return slot_number(live.blocks[position // self.block_size], position % self.block_size, self.block_size)
 

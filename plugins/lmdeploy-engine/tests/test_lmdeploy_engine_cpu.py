@@ -168,12 +168,12 @@ def test_after_capture_a_decode_step_replays_the_padded_graph_and_its_inputs_are
     assert runner(True, **forward_kwargs([3, 5, 2], [[1], [2], [3]])) == "replayed"
     assert (record.path, record.padded, record.key, record.replayed_key) == ("FULL", 4, (4, True, False, 1),
                                                                               (4, True, False, 1))
-    seen = from_graph(record.graph_inputs[0])
+    seen = from_graph(record.graph_inputs[0], BLOCK)
     assert seen.token_ids[:3].tolist() == [1, 2, 3] and seen.positions[:3].tolist() == [3, 5, 2]
-    assert seen.slot_mapping(BLOCK) == [3, 16 + 5, 32 + 2, PADDING_SLOT]  # the padded row writes LMDeploy's sink
-    cut = from_graph(record.graph_inputs[0], BLOCK)  # the step check's read: only the block columns kv reaches
-    assert cut.slot_mapping(BLOCK) == seen.slot_mapping(BLOCK) and len(cut.block_offsets[0]) == 1 < len(seen.block_offsets[0])
-    rows = seen.request_rows(BLOCK)  # numbered as slot_of(): LMDeploy's blocks less the reserved one
+    assert seen.slot_mapping() == [3, 16 + 5, 32 + 2, PADDING_SLOT]  # the padded row writes LMDeploy's sink
+    cut = from_graph(record.graph_inputs[0], BLOCK, cut=True)  # the step check's read: only the block columns kv reaches
+    assert cut.slot_mapping() == seen.slot_mapping() and len(cut.block_offsets[0]) == 1 < len(seen.block_offsets[0])
+    rows = seen.request_rows()  # numbered as slot_of(): LMDeploy's blocks less the reserved one
     assert rows["seq_lens"].tolist() == [4, 6, 3, 1] and rows["padding_block"] == -1
     assert rows["block_tables"][:, 0].tolist() == [0, 1, 2, -1] and "query_start_loc" in rows["not_exposed"]
     assert observer.captures_in_service == 0
@@ -206,7 +206,7 @@ def test_a_fill_reaches_the_padded_rows_only(fill_kind):
     captured(observer, runner)
     record = observer.start(fill=fill_kind)
     runner(True, **forward_kwargs([3, 5, 2, 9, 4], [[1], [2], [3], [4], [5]]))
-    seen = from_graph(record.graph_inputs[0])
+    seen = from_graph(record.graph_inputs[0], BLOCK)
     assert seen.token_ids[:5].tolist() == [1, 2, 3, 4, 5] and seen.positions[:5].tolist() == [3, 5, 2, 9, 4]
     padded_positions = seen.positions[5:].tolist()
     if fill_kind == "zeros":
@@ -227,7 +227,7 @@ def step_record(engine, slots_from=None, path="FULL", key=(4, True, False, 1), r
     planned = engine.requests.plan([Request(1, (1,), 0), Request(2, (4,), 0), Request(3, (6,), 0)])
     blocks = [list(q.blocks) for q in planned] + [[0]]
     kv_len = [1, 1, 1, 1]
-    seen = Seen(torch.zeros(4), torch.zeros(4), [1, 1, 1, 1], kv_len, slots_from or blocks)
+    seen = Seen(torch.zeros(4), torch.zeros(4), [1, 1, 1, 1], kv_len, slots_from or blocks, BLOCK)
     record = StepRecord(decoding=decoding, offered=offered, key=key, path=path, replayed_key=replayed,
                         padded=4 if path == "FULL" else 3)
     record.graph_inputs = "stand-in"
@@ -246,7 +246,7 @@ def test_a_step_that_is_not_what_lmdeploy_ran_fails_loudly(monkeypatch, broken):
         record.decoding = False
     elif broken == "graph-not-taken":
         record.path = "NONE"
-    monkeypatch.setattr("cudagraph_lmdeploy_engine.engine.from_record", lambda record, block_size=None: seen)
+    monkeypatch.setattr("cudagraph_lmdeploy_engine.engine.from_record", lambda record, block_size, cut=False: seen)
     if broken is None:
         engine._check(record, planned, True)
         return

@@ -52,8 +52,6 @@ class VllmV1Engine(VllmEngine):
 
     def _runner_made(self, vllm_config, label: str) -> None:
         """The V1 runner's dispatcher checked, and the LoRA adapters loaded once."""
-        from vllm.config import set_current_vllm_config
-
         config = self.config
         if not hasattr(self.runner, "cudagraph_dispatcher"):
             raise EngineError(f"vLLM's model runner {type(self.runner).__module__}.{type(self.runner).__name__} "
@@ -66,7 +64,7 @@ class VllmV1Engine(VllmEngine):
                 raise EngineError("vLLM's V1 runner has no lora_manager although LoRA was enabled "
                                   f"(lora_config {vllm_config.lora_config}): the model was not wrapped for LoRA")
             self.adapters = lora_requests(tuple(config.lora_adapters), LoRARequest)
-            with set_current_vllm_config(vllm_config), settings.timed(f"  {label}: LoRA adapters loaded once"):
+            with self._set_config(vllm_config), settings.timed(f"  {label}: LoRA adapters loaded once"):
                 load_each(self.runner.lora_manager, self.adapters)
 
     def _take_graphs(self) -> None:
@@ -113,14 +111,10 @@ class VllmV1Engine(VllmEngine):
 
     runner_name = "V1"
 
-    def batch_of(self, state):
-        """The V1 runner keeps the step's request order and query starts on itself (its persistent batch)."""
-        return self.runner
-
     def check_step(self, record, planned, output, ran) -> int:
         logits, _, rows, sampled = ran
         padded = self._padded(record)
-        self._check(record, padded, planned, rows, logits, sampled)
+        self.accepted = self._check(record, padded, rows, logits, sampled, output)
         return padded
 
     def key_of(self, record):
@@ -159,12 +153,12 @@ class VllmV1Engine(VllmEngine):
         output.scheduled_spec_decode_tokens = drafts
         return self._scheduled(new, planned, output)
 
-    @staticmethod
-    def _rows(runner, planned):
-        """Each request's rows in the V1 runner's persistent batch (its query_start_loc)."""
+    def _rows(self, state, planned):
+        """Each request's rows in the V1 runner's persistent batch (its query_start_loc): on the runner."""
+        runner = self.runner
         return request_rows(list(runner.input_batch.req_ids), runner.query_start_loc.np, planned)
 
-    def _check(self, record, padded, planned, rows, logits, sampled) -> None:
+    def _check(self, record, padded, rows, logits, sampled, output) -> dict[int, int]:
         mode, desc = record.dispatched[-1] if record.dispatched else (None, None)
         if desc is None:
             raise EngineError("vLLM's CudagraphDispatcher was not called during the step")
@@ -173,12 +167,7 @@ class VllmV1Engine(VllmEngine):
                                f"{record.path} {record.ran}")
         if record.slot_mapping is None:
             raise EngineError("the forward context held no slot mapping")
-        self._check_slots(record, rows)
-        self.accepted = self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
-
-    def _drafts(self, q) -> tuple:
-        """A verify step's drafts (verify_split): the sampled check reads the accepted ones row by row."""
-        return verify_split(q.all_tokens, q.context_len, q.num_new, self.num_speculative_tokens)[1]
+        return self._check_rows(record, rows, logits, sampled, output)
 
     # -- inspection ---------------------------------------------------------------------------
     def static_buffer_addresses(self) -> dict[str, int]:

@@ -86,7 +86,7 @@ def bare_engine(k=2):
     engine = VllmV1Engine.__new__(VllmV1Engine)
     engine.num_speculative_tokens, engine.sampling = k, object()
     engine.requests = Requests(9, 16, vocab=256, max_len=128, max_seqs=4, max_tokens=64)
-    engine.config = SimpleNamespace(dtype="float32")
+    engine.config, engine.kernel_block_size = SimpleNamespace(dtype="float32"), 16
     return engine
 
 
@@ -173,22 +173,32 @@ def test_a_forward_that_disagrees_with_its_descriptor_fails_loudly():
     engine = bare_engine()
     record = V1StepRecord(dispatched=[(Mode.FULL, Desc(8))], ran=Desc(8), path="PIECEWISE", forwards=1)
     with pytest.raises(EngineError, match="dispatcher last chose FULL"):
-        engine._check(record, 8, [], [], None, None)
+        engine._check(record, 8, [], None, None, None)
 
 
 # -- verify steps: what vLLM sampled ------------------------------------------------------------------
-def test_verify_tokens_are_checked_row_by_row_and_accepted_drafts_counted():
+def test_verify_tokens_are_checked_row_by_row_against_the_drafts_handed_over(vllm_output_module):
     engine = bare_engine(k=2)
     engine.requests.commit(engine.requests.plan([Request(1, (3, 4, 5), 0)]))
     planned = engine.requests.plan([Request(1, (6, 7, 8), 3)])
+    output = engine._scheduler_output(planned)  # drafts 7, 8 as scheduled_spec_decode_tokens
+    record = SimpleNamespace(slot_mapping=torch.tensor([engine.requests.slot(1, 3 + j) for j in range(3)]))
     logits = torch.zeros(3, 10)
     logits[0, 7] = logits[1, 2] = logits[2, 4] = 1.0  # greedy: accept draft 7, reject draft 8 (row 1 wants 2)
     rows = [(planned[0], range(0, 3))]
-    assert engine._sampled_check(rows, logits, {planned[0].vllm_id: [7, 2]}) == {1: 1}
+
+    def check(tokens):
+        return engine._check_rows(record, rows, logits, SimpleNamespace(req_ids=["req-1"], sampled_token_ids=[tokens]),
+                                  output)
+
+    assert check([7, 2]) == {1: 1}
     with pytest.raises(EngineError, match="not the maximum"):
-        engine._sampled_check(rows, logits, {planned[0].vllm_id: [7, 3]})  # a token that is no row's argmax
+        check([7, 3])  # a token that is no row's argmax
     with pytest.raises(EngineError, match="verify request"):
-        engine._sampled_check(rows, logits, {planned[0].vllm_id: [7, 2, 4, 4]})  # more than k + 1
+        check([7, 2, 4, 4])  # more than k + 1
+    record.slot_mapping = torch.tensor([0, 1, 2])
+    with pytest.raises(EngineError, match="other KV slots"):
+        check([7, 2])
 
 
 # -- the ngram proposer, the runner switch, no GPU -------------------------------------------------

@@ -17,7 +17,7 @@ from harness import protocol as p
 from harness.kit import scheduled
 from harness.kit.block_book import num_blocks_for
 from harness.kit.guard import cached_memory_returned
-from harness.kit.scheduled import ScheduledEngine, greedy_misses, greedy_tolerance
+from harness.kit.scheduled import ScheduledEngine, greedy_tolerance, sampled_greedily
 
 from . import release, settings
 from .policy import graph_descriptors, sizes_with_graphs
@@ -81,7 +81,6 @@ class VllmEngine(ScheduledEngine):
         """The build's last step before the build's cached memory is handed back."""
 
     def _build(self) -> None:
-        from vllm.config import set_current_vllm_config
         from vllm.sampling_params import SamplingParams
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
@@ -97,7 +96,7 @@ class VllmEngine(ScheduledEngine):
             self.live.add(self)  # from here on close() has something to give back, a failed build included
             self.runner = self.executor.driver_worker.worker.model_runner
             self._runner_made(vllm_config, label)
-            with set_current_vllm_config(vllm_config):
+            with self._set_config(vllm_config):
                 specs = self.executor.get_kv_cache_specs()
                 with settings.timed(f"  {label}: profile run (torch.compile happens here)"):
                     self.runner.profile_run()
@@ -163,16 +162,12 @@ class VllmEngine(ScheduledEngine):
         full = len(self.manager.graphs) - full_before
         piecewise = compilation_counter.num_cudagraph_captured - captured_before - full
         graphs = {mode: count for mode, count in (("PIECEWISE", piecewise), ("FULL", full)) if count}
-        order = [(desc.cg_mode.name, desc.num_tokens) for mode in ("PIECEWISE", "FULL")
-                 for desc in self._capture_descs(mode)]
+        descs = {key.name: batch for key, batch in self.manager._capture_descs.items()}  # largest first, per mode
+        order = [(desc.cg_mode.name, desc.num_tokens) for mode in ("PIECEWISE", "FULL") for desc in descs.get(mode, ())]
         self.captured = p.CaptureReport(graphs, seconds, int(memory), order)
         settings.event(f"captured {self.label}: {graphs} in {seconds:.2f}s, {int(memory) / 2**20:.1f} MiB (vLLM's "
                        f"measure); sizes {[n for _, n in order]}")
         return self.captured
-
-    def _capture_descs(self, mode: str) -> list:
-        """vLLM's own capture list for a mode, largest first (CudaGraphManager._init_candidates)."""
-        return next((descs for key, descs in self.manager._capture_descs.items() if key.name == mode), [])
 
     def sizes_with_graphs(self) -> list[int]:
         return list(sizes_with_graphs(self.manager))
@@ -203,7 +198,7 @@ class VllmEngine(ScheduledEngine):
         state = getattr(self.runner, "execute_model_state", None)
         if state is None:
             raise EngineError(f"vLLM's {self.runner_name} model runner left no execute_model_state after execute_model")
-        rows = self._rows(self.batch_of(state), planned)
+        rows = self._rows(state, planned)
         with torch.inference_mode():
             index = torch.tensor([r for _, span in rows for r in span], device=state.hidden_states.device)
             logits = self.runner.model.compute_logits(state.hidden_states.index_select(0, index))
@@ -212,14 +207,10 @@ class VllmEngine(ScheduledEngine):
 
     runner_name = "V2"
 
-    def batch_of(self, state):
-        """What holds the step's request order and query starts: V2's input batch of the step."""
-        return state.input_batch
-
     def check_step(self, record, planned, output, ran) -> int:
         logits, state, rows, sampled = ran
         padded = state.input_batch.num_tokens_after_padding
-        self._check(record, padded, planned, rows, logits, sampled)
+        self._check(record, padded, rows, logits, sampled, output)
         return padded
 
     def _scheduler_output(self, planned):
@@ -242,58 +233,30 @@ class VllmEngine(ScheduledEngine):
         output.finished_req_ids = self.requests.take_finished()
         return output
 
-    @staticmethod
-    def _rows(batch, planned):
-        """Each request's rows in the runner's batch (V2 orders requests by token count)."""
+    def _rows(self, state, planned):
+        """Each request's rows in the step's input batch (V2 orders requests by token count)."""
+        batch = state.input_batch
         return request_rows(list(batch.req_ids), batch.query_start_loc_np, planned)
 
-    def _check_slots(self, record, rows) -> None:
-        """The KV slots vLLM computed are the ones this runtime's block bookkeeping gives each token."""
-        slots = record.slot_mapping.tolist()
-        for q, span in rows:
-            want = [self.requests.slot(q.request_id, q.context_len + j, self.kernel_block_size) for j in range(q.num_new)]
-            if slots[span.start:span.stop] != want:
-                raise EngineError(f"vLLM computed KV slots {slots[span.start:span.stop]} for {q.vllm_id}; this "
-                                   f"runtime's block bookkeeping says {want}")
-
-    def _check(self, record, padded, planned, rows, logits, sampled) -> None:
-        """Fail loudly where vLLM did not run what this runtime asked, or where the runtime misread it."""
+    def _check(self, record, padded, rows, logits, sampled, output) -> dict[int, int]:
+        """Fail loudly where vLLM did not run what this runtime asked, or where the runtime misread it:
+        the path and padded size, each token's KV slot, each sampled token (a verify step's accepted
+        drafts included: returned per request)."""
         ran = record.ran
         if ran is None:
             raise EngineError("vLLM's CUDA-graph dispatcher was not called during the step")
         if ran.cg_mode.name != record.path or ran.num_tokens != padded:
             raise EngineError(f"vLLM's dispatcher chose {ran.cg_mode.name} at {ran.num_tokens} tokens, but the forward "
                                f"took the {record.path} path at {padded}")
-        self._check_slots(record, rows)
-        self._sampled_check(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)))
+        return self._check_rows(record, rows, logits, sampled, output)
 
-    def _drafts(self, q) -> tuple:
-        """The draft tokens a planned request brings to be verified: none on an engine without speculative tokens."""
-        return ()
-
-    def _sampled_check(self, rows, logits, by_id) -> dict[int, int]:
-        """Greedy sampling: each token vLLM sampled is the argmax of its row (logits are in request order).
-        A verify step's tokens are the accepted drafts and one more, row by row from its first; another
-        request's is its last row's. Returns the drafts accepted per verify request."""
-        row, picked, accepted = 0, [], {}
-        for q, span in rows:
-            first, row = row, row + len(span)
-            tokens = list(by_id.get(q.vllm_id) or [])
-            spec = self._drafts(q)
-            if spec:
-                if not 1 <= len(tokens) <= len(spec) + 1:
-                    raise EngineError(f"vLLM sampled {tokens} for verify request {q.vllm_id} with drafts {list(spec)}")
-                accepted[q.request_id] = len(tokens) - 1
-                pairs = list(zip(range(first, first + len(tokens)), tokens))
-            else:
-                pairs = [(row - 1, tokens[-1])] if tokens else []
-            picked += [(q.vllm_id, index - first, index, token) for index, token in pairs]
-        misses = greedy_misses(logits, [(index, token) for *_, index, token in picked], greedy_tolerance(self.config.dtype))
-        bad = [(picked[i][0], picked[i][1], picked[i][3], argmax, gap) for i, argmax, gap in misses]
-        if bad:
-            raise EngineError(f"vLLM's sampler picked tokens that are not the maximum of the logits this runtime read "
-                               f"(request, row, sampled, argmax, gap): {bad}: the rows were misread")
-        return accepted
+    def _check_rows(self, record, rows, logits, sampled, output) -> dict[int, int]:
+        misplaced = self.requests.misplaced(record.slot_mapping.tolist(), rows, self.kernel_block_size)
+        if misplaced:
+            raise EngineError("vLLM computed other KV slots than this runtime's: " + "; ".join(misplaced))
+        return sampled_greedily(rows, logits, dict(zip(sampled.req_ids, sampled.sampled_token_ids)),
+                                output.scheduled_spec_decode_tokens, lambda q: q.vllm_id,
+                                greedy_tolerance(self.config.dtype), "vLLM", EngineError)
 
     # -- the end --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -164,10 +164,13 @@ def checked_engine():
     return engine
 
 
+NO_DRAFTS = SimpleNamespace(scheduled_spec_decode_tokens={})  # a SchedulerOutput's part the check reads
+
+
 def step_parts(engine, logits, sampled_tokens, slots=None, path="FULL"):
     planned = engine.requests.plan([Request(1, (1, 2, 3), 0), Request(2, (4,), 0)])
     batch = SimpleNamespace(req_ids=["req-2", "req-1"], query_start_loc_np=[0, 1, 4, 4])  # V2: fewest tokens first
-    rows = VllmEngine._rows(batch, planned)
+    rows = engine._rows(SimpleNamespace(input_batch=batch), planned)
     real = [engine.requests.slot(1, j, 16) for j in range(3)]
     record = SimpleNamespace(ran=Desc(Mode.FULL, 8, 8), path=path, slot_mapping=torch.tensor(
         slots if slots is not None else [engine.requests.slot(2, 0, 16)] + real + [-1] * 4))
@@ -186,7 +189,7 @@ def test_a_consistent_step_passes_the_checks():
     logits = torch.zeros(4, 256)
     logits[2, 7] = logits[3, 9] = 1.0  # request 1's last row is row 2 (request order), request 2's is row 3
     record, planned, rows, logits, sampled = step_parts(engine, logits, (7, 9))
-    engine._check(record, 8, planned, rows, logits, sampled)
+    engine._check(record, 8, rows, logits, sampled, NO_DRAFTS)
 
 
 @pytest.mark.parametrize("broken", ["misread-rows", "wrong-slots", "other-path"])
@@ -200,7 +203,7 @@ def test_a_step_that_is_not_what_vllm_ran_fails_loudly(broken):
     record, planned, rows, logits, sampled_output = step_parts(engine, logits, sampled, slots, path)
     with pytest.raises(EngineError, match={"misread-rows": "misread", "wrong-slots": "KV slots",
                                            "other-path": "took the PIECEWISE path"}[broken]):
-        engine._check(record, 8, planned, rows, logits, sampled_output)
+        engine._check(record, 8, rows, logits, sampled_output, NO_DRAFTS)
 
 
 # -- without a GPU -------------------------------------------------------------------------------
