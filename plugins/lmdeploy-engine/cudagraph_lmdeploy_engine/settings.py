@@ -36,9 +36,8 @@ ENVIRONMENT = {
 DTYPE = "float16"
 BLOCK_SIZE = 64  # PytorchEngineConfig.block_size's default; the kernel block size follows it
 RESERVED_BLOCKS = 1  # ConfigBuilder.build_cache_config: block 0 "for dummy input and padding"
-EVENTS_VARIABLE = "CUDAGRAPH_LMDEPLOY_EVENTS"  # a file every build, capture and first step is appended to
 
-EVENTS = EventLog("cudagraph_lmdeploy_engine", EVENTS_VARIABLE)
+EVENTS = EventLog("cudagraph_lmdeploy_engine", "CUDAGRAPH_LMDEPLOY_EVENTS")  # the variable names a file every build, capture and first step is appended to
 event, timed = EVENTS.event, EVENTS.timed  # one line about a stage, and a stage timed (harness.kit.events)
 
 

@@ -27,9 +27,8 @@ ENVIRONMENT = {
 ATTENTION_BACKEND = "TRITON_ATTN"  # the one backend the carried vLLM build is slimmed for
 GPU_MEMORY_UTILIZATION = 0.05  # only checked against free memory: the KV cache size is fixed by num_blocks
 USAGE_CONTEXT = "OPENAI_API_SERVER"  # what `vllm serve` defaults to where a config leaves a limit None (the spec's 8192 tokens)
-EVENTS_VARIABLE = "CUDAGRAPH_VLLM_EVENTS"  # a file every build, capture and first step is appended to
 
-EVENTS = EventLog("cudagraph_vllm_engine", EVENTS_VARIABLE)
+EVENTS = EventLog("cudagraph_vllm_engine", "CUDAGRAPH_VLLM_EVENTS")  # the variable names a file every build, capture and first step is appended to
 event, timed = EVENTS.event, EVENTS.timed  # one line about a stage, and a stage timed (harness.kit.events)
 
 
