@@ -429,3 +429,19 @@ def test_most_keeps_the_largest_count_of_each_field():
     assert len(calls) == 2
     assert counted.kernels == counting.count(lambda: [x.add(1) for _ in range(3)], "cpu").kernels == 3
     assert counted.graphs == 0 and counted.ops_in_graphs == 0
+    assert counted.launch_calls is None  # the profiler's API breakdown is CUDA's alone
+
+
+def test_most_keeps_each_counts_launch_calls(monkeypatch):
+    """On CUDA each count's launch calls by API are kept, one dict a count: what tells a launch
+    recorded through two APIs from two launches."""
+    from harness.graphs import counting
+
+    seen = iter([counting.Submissions(115, 0, 21, launch_calls={"cudaLaunchKernel": 115, "threads": 1}),
+                 counting.Submissions(230, 0, 21, launch_calls={"cudaLaunchKernel": 115, "cuLaunchKernel": 115,
+                                                                "threads": 1})])
+    monkeypatch.setattr(counting, "count", lambda fn, device: next(seen))
+    counted = counting.most(lambda: None, "cuda")
+    assert counted.kernels == 230
+    assert counted.launch_calls == [{"cudaLaunchKernel": 115, "threads": 1},
+                                    {"cudaLaunchKernel": 115, "cuLaunchKernel": 115, "threads": 1}]

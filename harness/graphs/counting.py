@@ -27,6 +27,9 @@ class Submissions:
     graphs: int  # graph launches
     copies: int  # memcpy calls (CUDA) or copy ops (CPU, also counted in kernels)
     ops_in_graphs: int | None = None  # ops the launched graphs ran (emulator only)
+    # CUDA only: each launch API's calls as the profile recorded them, and how many host threads made
+    # them: what tells one kernel counted through two APIs (runtime and driver) from two kernels.
+    launch_calls: dict | list | None = None  # most(): a dict for each count it took
 
     def describe(self) -> str:
         inside = "" if self.ops_in_graphs is None else f" ({self.ops_in_graphs} ops inside)"
@@ -42,8 +45,9 @@ def most(fn, device: str, times: int = 2) -> Submissions:
     this does not remove: one engine's eager step at one batch counts differently from one process to
     the next (reports/h100/vllm-v1/README.md, "Launch counts")."""
     counts = [count(fn, device) for _ in range(times)]
+    calls = [c.launch_calls for c in counts] if counts[0].launch_calls is not None else None
     return Submissions(*(max(getattr(c, f) for c in counts) if getattr(counts[0], f) is not None else None
-                         for f in ("kernels", "graphs", "copies", "ops_in_graphs")))
+                         for f in ("kernels", "graphs", "copies", "ops_in_graphs")), launch_calls=calls)
 
 
 class _OpCounter(modes.HarnessMode):
@@ -110,15 +114,20 @@ def _count_cuda(fn) -> Submissions:
         fn()
         torch.cuda.synchronize()
     kernels = graphs = copies = 0
+    calls: dict = {}
+    threads = set()
     for event in prof.events():
         name = event.name
+        if name in _KERNEL_LAUNCHES + _GRAPH_LAUNCHES:
+            calls[name] = calls.get(name, 0) + 1
+            threads.add(getattr(event, "thread", None))
         if name in _KERNEL_LAUNCHES:
             kernels += 1
         elif name in _GRAPH_LAUNCHES:
             graphs += 1
         elif name.startswith(("cudaMemcpy", "cuMemcpy")):
             copies += 1
-    return Submissions(kernels, graphs, copies)
+    return Submissions(kernels, graphs, copies, launch_calls={**calls, "threads": len(threads)})
 
 
 def kernel_times_us(fn) -> dict[str, list[float]]:
