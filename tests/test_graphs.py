@@ -432,6 +432,32 @@ def test_most_keeps_the_largest_count_of_each_field():
     assert counted.launch_calls is None  # the profiler's API breakdown is CUDA's alone
 
 
+def test_a_cuda_count_reads_launches_by_api_and_copies_from_the_profile(monkeypatch):
+    """The CUDA count's figures from the profiler's host events (a stand-in profile here): kernels are
+    the kernel-launch calls of every API, graphs the graph launches, copies the memcpy calls."""
+    from types import SimpleNamespace
+
+    from harness.graphs import counting
+
+    names = ["cudaLaunchKernel"] * 3 + ["cuLaunchKernelEx"] * 2 + ["cudaGraphLaunch", "cudaMemcpyAsync", "aten::add"]
+
+    class Profile:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [SimpleNamespace(name=name, thread=7) for name in names]
+
+    monkeypatch.setattr(counting, "profiler", lambda *activities: Profile())
+    monkeypatch.setattr(counting.torch.cuda, "synchronize", lambda: None)
+    counted = counting.count(lambda: None, "cuda")
+    assert (counted.kernels, counted.graphs, counted.copies) == (5, 1, 1)
+    assert counted.launch_calls == {"cudaLaunchKernel": 3, "cuLaunchKernelEx": 2, "cudaGraphLaunch": 1, "threads": 1}
+
+
 def test_most_keeps_each_counts_launch_calls(monkeypatch):
     """On CUDA each count's launch calls by API are kept, one dict a count: what tells a launch
     recorded through two APIs from two launches."""

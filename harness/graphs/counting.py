@@ -9,6 +9,7 @@ up here as eager ops, not as a graph launch.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch
@@ -19,6 +20,7 @@ from .log import LOG
 _FREE = {"detach", "alias", "empty", "empty_like", "empty_strided", "lift_fresh", "_local_scalar_dense"}
 _KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 _GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
+_LAUNCHES = _KERNEL_LAUNCHES + _GRAPH_LAUNCHES
 
 
 @dataclass
@@ -113,20 +115,14 @@ def _count_cuda(fn) -> Submissions:
     with profiler(ProfilerActivity.CPU) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = graphs = copies = 0
-    calls: dict = {}
-    threads = set()
+    calls, threads, copies = Counter(), set(), 0  # launches by API, the threads making them, memcpy calls
     for event in prof.events():
-        name = event.name
-        if name in _KERNEL_LAUNCHES + _GRAPH_LAUNCHES:
-            calls[name] = calls.get(name, 0) + 1
+        if event.name in _LAUNCHES:
+            calls[event.name] += 1
             threads.add(getattr(event, "thread", None))
-        if name in _KERNEL_LAUNCHES:
-            kernels += 1
-        elif name in _GRAPH_LAUNCHES:
-            graphs += 1
-        elif name.startswith(("cudaMemcpy", "cuMemcpy")):
+        elif event.name.startswith(("cudaMemcpy", "cuMemcpy")):
             copies += 1
+    kernels, graphs = (sum(calls[name] for name in names) for names in (_KERNEL_LAUNCHES, _GRAPH_LAUNCHES))
     return Submissions(kernels, graphs, copies, launch_calls={**calls, "threads": len(threads)})
 
 
